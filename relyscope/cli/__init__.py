@@ -1,0 +1,1 @@
+"""The ``relyscope`` command line (typer + rich)."""

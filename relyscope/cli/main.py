@@ -1,0 +1,274 @@
+"""The ``relyscope`` command line: serve, demo, score, import, report.
+
+Every ``serve`` flag is also a ``RELYSCOPE_*`` environment variable (see :mod:`relyscope.config`).
+chDB lets one process open a data directory, so ``report`` asks the running sidecar over its API
+(``--api URL``) and opens the store itself only when no sidecar answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
+import_app = typer.Typer(no_args_is_help=True, help="Import benchmark results as OTLP spans.")
+app.add_typer(import_app, name="import")
+console = Console()
+err = Console(stderr=True)
+
+DEFAULT_API = "http://127.0.0.1:9464"
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err, transient=False, disable=not err.is_terminal and os.environ.get("RELYSCOPE_PROGRESS") != "1")
+
+
+def _settings(**overrides):
+    from pydantic import ValidationError
+
+    from relyscope.config import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        err.print(f"[red]invalid configuration:[/red]\n{e}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def serve(
+    store: Optional[str] = typer.Option(None, help="ClickHouse DSN (chdb:///path or http://host:8123/db) [RELYSCOPE_STORE]"),
+    otlp_grpc: Optional[str] = typer.Option(None, "--otlp-grpc", help="OTLP/gRPC HOST:PORT [RELYSCOPE_OTLP_GRPC]"),
+    otlp_http: Optional[str] = typer.Option(None, "--otlp-http", help="OTLP/HTTP HOST:PORT [RELYSCOPE_OTLP_HTTP]"),
+    api: Optional[str] = typer.Option(None, "--api", help="management API HOST:PORT [RELYSCOPE_API]"),
+    grace_period_s: Optional[float] = typer.Option(None, "--grace-period", help="seconds after the root ends before a trial is finalized"),
+    spool_dir: Optional[str] = typer.Option(None, "--spool-dir", help="durable spool directory"),
+    policy_file: Optional[str] = typer.Option(None, "--policy", help="safety policy YAML"),
+    log_level: str = typer.Option("info", help="debug|info|warning|error"),
+) -> None:
+    """Run the sidecar until SIGINT/SIGTERM."""
+    from relyscope.sidecar import Sidecar
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    s = _settings(store=store, otlp_grpc=otlp_grpc, otlp_http=otlp_http, api=api,
+                  grace_period_s=grace_period_s, spool_dir=spool_dir, policy_file=policy_file)
+    try:
+        sc = Sidecar(s).start()
+    except Exception as e:  # noqa: BLE001 - fail fast at start-up with the reason
+        err.print(f"[red]cannot start:[/red] {e}")
+        raise typer.Exit(1) from None
+    # one line a supervisor (or a test) can parse
+    print(json.dumps({"event": "listening", "otlp_grpc": sc.otlp_grpc_port, "otlp_http": sc.otlp_http_port,
+                      "api": sc.api_port, "store": s.store, "pid": os.getpid()}), flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    sc.stop()
+
+
+def _provider(endpoint: str, protocol: str, service_name: str):
+    from relyscope.instrumentation import configure
+
+    return configure(endpoint, protocol=protocol, service_name=service_name)
+
+
+@import_app.command("tau-bench")
+def import_tau_bench(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="τ-bench results JSON (list of EnvRunResult)"),
+    endpoint: str = typer.Option("http://127.0.0.1:4317", help="OTLP endpoint of the sidecar (or any collector)"),
+    protocol: str = typer.Option("grpc", help="grpc | http/protobuf"),
+    out: Optional[Path] = typer.Option(None, help="write OTLP/JSON lines to this file instead of sending"),
+) -> None:
+    """Replay τ-bench runs as OTLP spans (one invoke_agent root per task × trial)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from relyscope.importers.tau_bench import count_runs, replay_tau_bench
+
+    if out is not None:
+        from relyscope.instrumentation.otlp_json import OTLPJsonFileExporter
+
+        tp = TracerProvider(resource=Resource.create({"service.name": "tau-bench-import"}))
+        exporter = OTLPJsonFileExporter(str(out))
+        tp.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=512))
+    else:
+        tp = _provider(endpoint, protocol, "tau-bench-import")
+    total = count_runs(str(file))
+    with _progress() as prog:
+        task = prog.add_task(f"importing {file.name}", total=total)
+        n = replay_tau_bench(str(file), tracer_provider=tp, on_progress=lambda *_: prog.advance(task))
+    tp.force_flush()
+    tp.shutdown()
+    err.print(f"imported {n} runs from {file} → {out or endpoint}")
+
+
+def _fetch_report(api: str, token: Optional[str]) -> Optional[dict]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.get(api.rstrip("/") + "/api/v1/report", headers=headers, timeout=30)
+    except httpx.TransportError:
+        return None
+    r.raise_for_status()
+    return r.json()
+
+
+def _report_from_store(dsn: str, n_boot: int) -> dict:
+    from relyscope.exporter.report import build_report
+    from relyscope.scorers.profile import score_group
+    from relyscope.store import Store
+
+    st = Store(dsn)
+    try:
+        trials = st.load_trials()
+    finally:
+        st.close()
+    return _score_trials(trials, n_boot)
+
+
+def _score_trials(trials, n_boot: int) -> dict:
+    import collections
+
+    from relyscope.exporter.report import build_report
+    from relyscope.scorers.profile import score_group
+
+    groups = collections.defaultdict(list)
+    for t in trials:
+        groups[(t.agent_name, t.agent_version, t.run_kind)].append(t)
+    scores = {g: score_group(ts, n_boot=n_boot, seed=0) for g, ts in groups.items()}
+    return build_report(scores)
+
+
+@app.command()
+def report(
+    format: str = typer.Option("table", "--format", help="table | json"),
+    api: str = typer.Option(DEFAULT_API, "--api", help="URL of a running sidecar's API"),
+    store: Optional[str] = typer.Option(None, help="open this store directly when no sidecar answers [RELYSCOPE_STORE]"),
+    token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API"),
+    n_boot: int = typer.Option(2000, help="bootstrap resamples when scoring from the store"),
+) -> None:
+    """Print the reliability profile per agent / version / run kind."""
+    rep = _fetch_report(api, token)
+    if rep is None:
+        dsn = store or _settings().store
+        err.print(f"no sidecar at {api}; reading {dsn}")
+        rep = _report_from_store(dsn, n_boot)
+    _print_report(rep, format)
+
+
+@app.command()
+def score(
+    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="OTLP/JSON files (one request per file or per line)"),
+    format: str = typer.Option("table", "--format", help="table | json"),
+    n_boot: int = typer.Option(2000, help="bootstrap resamples (0: no CIs)"),
+) -> None:
+    """Score OTLP/JSON files offline: temporary embedded store, every trial finalized at end of input."""
+    from relyscope.collector.normalize import normalize
+    from relyscope.collector.otlp import OTLPRequestError, decode_json
+    from relyscope.store import Store
+    from relyscope.trajectory import TrajectoryBuilder
+
+    tmp = tempfile.mkdtemp(prefix="relyscope-score-")
+    builder = TrajectoryBuilder(grace_s=0, root_timeout_s=1e12)
+    rejected = 0
+    try:
+        st = Store(f"chdb://{tmp}/data")
+        bodies = []
+        for f in files:
+            text = f.read_bytes()
+            stripped = text.strip()
+            if stripped.startswith(b"{") and b"\n{" in stripped:
+                bodies += [(f, ln) for ln in stripped.splitlines() if ln.strip()]
+            else:
+                bodies.append((f, stripped))
+        with _progress() as prog:
+            task = prog.add_task("ingesting", total=len(bodies))
+            for f, body in bodies:
+                try:
+                    res = decode_json(body)
+                except OTLPRequestError as e:
+                    err.print(f"[red]{f}: {e.message}[/red]")
+                    raise typer.Exit(1) from None
+                rejected += res.rejected
+                st.insert_spans(res.spans)
+                builder.add(((s, normalize(s)) for s in res.spans), 0.0)
+                prog.advance(task)
+        st.insert_trials(builder.flush(0.0))
+        trials = st.load_trials()
+        st.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if rejected:
+        err.print(f"[yellow]{rejected} spans rejected[/yellow]")
+    _print_report(_score_trials(trials, n_boot), format)
+
+
+def _print_report(rep: dict, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(rep, indent=2))
+        return
+    from relyscope.cli.render import render_report
+
+    render_report(rep, console)
+
+
+@app.command()
+def demo(
+    tasks: int = typer.Option(8, help="tasks of the simulated agent"),
+    trials: int = typer.Option(5, help="trials per task"),
+    seed: int = typer.Option(7),
+    data_dir: Path = typer.Option(Path(".relyscope/demo"), help="embedded store of the demo (wiped first)"),
+    format: str = typer.Option("table", "--format", help="table | json"),
+) -> None:
+    """Start a sidecar on the embedded store, run a simulated agent against it over OTLP, print the report."""
+    from relyscope.demo.agent import run_demo
+    from relyscope.exporter.report import build_report
+    from relyscope.sidecar import Sidecar
+
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    s = _settings(store=f"chdb://{data_dir.resolve()}/data", spool_dir=str(data_dir.resolve() / "spool"),
+                  otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", api="127.0.0.1:0",
+                  grace_period_s=0.5, score_interval_s=1.0)
+    t0 = time.monotonic()
+    sc = Sidecar(s).start()
+    err.print(f"sidecar up: OTLP gRPC 127.0.0.1:{sc.otlp_grpc_port}, OTLP HTTP 127.0.0.1:{sc.otlp_http_port}, "
+              f"API http://127.0.0.1:{sc.api_port}, store {s.store}")
+    try:
+        tp = _provider(f"http://127.0.0.1:{sc.otlp_grpc_port}", "grpc", "support-agent")
+        summary = run_demo(tp, tasks=tasks, trials=trials, seed=seed)
+        tp.force_flush()
+        tp.shutdown()
+        err.print(f"simulated agent: {summary}")
+        sc.pipeline.flush(timeout_s=60)
+        rep = build_report(sc.pipeline.scores, sc.pipeline.report_extras(sc.pipeline.scores))
+        _print_report(rep, format)
+    finally:
+        sc.stop()
+    err.print(f"demo finished in {time.monotonic() - t0:.1f} s")
+
+
+def main() -> None:  # console-script entry point
+    app()
+
+
+if __name__ == "__main__":
+    main()

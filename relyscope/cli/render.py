@@ -1,0 +1,76 @@
+"""Render the reliability report (metrics.md §11 JSON) as rich tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["render_report"]
+
+_DIMENSIONS = [
+    ("Success", ["success_rate", "pass@*", "pass^*"]),
+    ("Consistency", ["unanimity", "C_out", "C_traj_d", "C_traj_s", "C_traj", "C_res", "R_Con"]),
+    ("Robustness", ["R_fault", "R_env", "R_prompt", "R_Rob"]),
+    ("Predictability", ["P_cal", "P_AUROC", "P_brier", "R_Pred"]),
+    ("Overall", ["R"]),
+    ("Safety (never averaged in)", ["S_comp", "S_harm", "R_Saf"]),
+]
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+def _names(metrics: dict, pattern: str) -> list[str]:
+    if pattern.endswith("*"):
+        pre = pattern[:-1]
+        return sorted((m for m in metrics if m.startswith(pre) and m[len(pre):].isdigit()),
+                      key=lambda m: int(m[len(pre):]))
+    return [pattern] if pattern in metrics else []
+
+
+def render_report(rep: dict, console: Console) -> None:
+    """One table per (agent, version, run kind): metric, value, 95 % CI, tasks; "—" = undefined."""
+    if not rep.get("groups"):
+        console.print("[yellow]no finalized trials yet[/yellow]")
+        return
+    for g in rep["groups"]:
+        title = (f"{g['agent']} {g['version']} [{g['run_kind']}] — {g['tasks']} tasks, {g['trials']} trials"
+                 f", {g.get('invalid_trials', 0)} invalid, {g.get('incomplete_trials', 0)} incomplete"
+                 f"  (formula set {rep.get('formula_set')})")
+        t = Table(title=title, title_justify="left")
+        t.add_column("dimension")
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        t.add_column("95% CI (task-clustered)", justify="right")
+        t.add_column("tasks", justify="right")
+        m = g["metrics"]
+        for dim, pats in _DIMENSIONS:
+            first = True
+            for pat in pats:
+                for name in _names(m, pat):
+                    mv = m[name]
+                    ci = mv.get("ci")
+                    t.add_row(dim if first else "", name, _fmt(mv.get("value")),
+                              "—" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]", str(mv.get("n_tasks", 0)))
+                    first = False
+            if not first:
+                t.add_section()
+        console.print(t)
+        for key in ("violations", "attribution", "worst_tasks"):
+            if g.get(key):
+                _render_extra(console, key, g[key])
+
+
+def _render_extra(console: Console, key: str, rows) -> None:
+    if isinstance(rows, dict):
+        rows = [{"name": k, "count": v} for k, v in rows.items()]
+    if not rows:
+        return
+    t = Table(title=key.replace("_", " "), title_justify="left")
+    cols = list(rows[0].keys())
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(r.get(c, "")) for c in cols])
+    console.print(t)

@@ -1,0 +1,1 @@
+"""OTLP receivers (gRPC and HTTP), decoding and validation, convention normalization, spool."""

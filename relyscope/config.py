@@ -1,0 +1,59 @@
+"""One typed settings object for the sidecar (pydantic-settings, ``RELYSCOPE_`` environment prefix).
+
+Every flag of ``relyscope serve`` is also an environment variable: ``--store`` ↔
+``RELYSCOPE_STORE``, ``--otlp-grpc`` ↔ ``RELYSCOPE_OTLP_GRPC``, ``--otlp-http`` ↔
+``RELYSCOPE_OTLP_HTTP``, ``--api`` ↔ ``RELYSCOPE_API``, and so on. Settings are validated once at
+start (a bad value fails fast with the field named) and passed in explicitly; nothing else reads
+``os.environ``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "parse_hostport"]
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    """``"host:port"`` → (host, port). ``[::1]:4317`` works. Raises ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    p = int(port)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"port out of range in {value!r}")
+    return host.strip("[]") or "0.0.0.0", p
+
+
+class Settings(BaseSettings):
+    """Sidecar configuration. Units: seconds, bytes."""
+
+    model_config = SettingsConfigDict(env_prefix="RELYSCOPE_", extra="forbid", env_nested_delimiter="__")
+
+    store: str = Field("chdb:///./.relyscope/data", description="ClickHouse DSN: chdb:///path or http(s)://host:8123/db")
+    otlp_grpc: str = Field("127.0.0.1:4317", description="OTLP/gRPC listen address (port 0: any free port)")
+    otlp_http: str = Field("127.0.0.1:4318", description="OTLP/HTTP listen address")
+    api: str = Field("127.0.0.1:9464", description="management API (/metrics, /healthz, /api/v1/…)")
+    spool_dir: str | None = Field(None, description="durable spool directory (default: <store dir>/../spool or ./.relyscope/spool)")
+    spool_max_bytes: int = Field(1 << 30, ge=1 << 16, description="spool capacity; when full, OTLP gets the retryable signal")
+    queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
+    max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
+    max_attributes: int = Field(128, ge=1, description="attributes kept per span (OTel SDK default)")
+    max_attribute_length: int | None = Field(None, ge=1, description="longest string attribute kept; None = unlimited (OTel SDK default)")
+    grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")
+    root_timeout_s: float = Field(300.0, gt=0, description="finalize a trace with no root as incomplete after this idle time")
+    score_interval_s: float = Field(10.0, gt=0, description="how often group scores and gauges are recomputed")
+    n_boot: int = Field(2000, ge=0, description="bootstrap resamples for CIs (0 disables)")
+    auth_token: SecretStr | None = Field(None, description="bearer token required on OTLP and the API when set")
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    policy_file: str | None = Field(None, description="safety policy YAML (see README)")
+    redact_deny: list[str] = Field(default_factory=list, description="attribute keys dropped before storage")
+    redact_patterns: list[str] = Field(default_factory=list, description="regexes masked in content attributes before storage")
+
+    @field_validator("otlp_grpc", "otlp_http", "api")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        parse_hostport(v)
+        return v

@@ -1,0 +1,130 @@
+"""The management API (FastAPI, default :9464): Prometheus ``/metrics``, health, report, outcomes.
+
+| route | what |
+|---|---|
+| ``GET /metrics`` | Prometheus text format (private registry, see :mod:`relyscope.exporter.prom`) |
+| ``GET /healthz`` | liveness + store reachability, spool and queue figures |
+| ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=`` |
+| ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&limit=``) |
+| ``POST /api/v1/outcomes`` | a (possibly late) outcome for a trial or trace: re-scores its group |
+| ``POST /api/v1/flush`` | finalize every open trace now and rescore (operators, tests, the demo) |
+
+All routes require ``Authorization: Bearer <token>`` when ``RELYSCOPE_AUTH_TOKEN`` is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from relyscope.collector.receivers import check_bearer
+from relyscope.exporter.prom import build_registry
+from relyscope.exporter.report import build_report
+from relyscope.store import StoreUnavailable
+
+if TYPE_CHECKING:
+    from relyscope.pipeline import Pipeline
+
+__all__ = ["create_api_app", "OutcomeIn"]
+
+
+class OutcomeIn(BaseModel):
+    """A posted outcome (metrics.md §6): exactly one of ``trial_id`` / ``trace_id``."""
+
+    model_config = {"extra": "forbid"}
+    trial_id: str | None = None
+    trace_id: str | None = None
+    outcome: Literal["success", "failure", "unknown"] | None = None
+    success: bool | None = None
+    score: float | None = Field(None, ge=0, le=1)
+    source: str = "api"
+    verifier: bool = Field(False, description="true: the application's own environment check (wins over the span)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.trial_id is None) == (self.trace_id is None):
+            raise ValueError("give exactly one of trial_id or trace_id")
+        if self.outcome is None and self.success is None:
+            raise ValueError("give outcome or success")
+        return self
+
+
+def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI:
+    """Build the management app around a running pipeline."""
+    app = FastAPI(title="relyscope", version="0.1.0")
+    registry = build_registry(pipeline)
+
+    def auth(request: Request) -> None:
+        if not check_bearer(request.headers.get("authorization"), token):
+            raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/metrics", dependencies=[Depends(auth)])
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok" if pipeline.ready else "starting", "store": pipeline.store.dsn.split("@")[-1],
+                "spool_pending_records": pipeline.spool.pending_records,
+                "queue_depth": pipeline.queue_depth, "last_error": pipeline._last_error}
+
+    @app.get("/api/v1/report", dependencies=[Depends(auth)])
+    def report(agent: str | None = None, version: str | None = None, run_kind: str | None = None) -> dict:
+        scores = {g: s for g, s in pipeline.scores.items()
+                  if (agent is None or g[0] == agent) and (version is None or g[1] == version)
+                  and (run_kind is None or g[2] == run_kind)}
+        return build_report(scores, pipeline.report_extras(scores))
+
+    @app.get("/api/v1/trials", dependencies=[Depends(auth)])
+    async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,
+                     limit: int = Query(1000, ge=1, le=100000)) -> dict:
+        try:
+            rows = await run_in_threadpool(pipeline.store.load_trials, agent=agent, version=version, run_kind=run_kind)
+        except StoreUnavailable as e:
+            raise HTTPException(503, str(e)) from e
+        return {"trials": [trial_to_dict(t) for t in rows[:limit]], "total": len(rows)}
+
+    @app.post("/api/v1/outcomes", dependencies=[Depends(auth)])
+    async def outcomes(body: OutcomeIn) -> dict:
+        outcome = body.outcome or ("success" if body.success else "failure")
+        kind, key = ("trial", body.trial_id) if body.trial_id else ("trace", body.trace_id)
+        try:
+            await run_in_threadpool(pipeline.store.insert_outcome, key, kind, outcome, body.score,
+                                    body.source, verifier=body.verifier)
+            await run_in_threadpool(pipeline.rescore, all_groups=True)
+        except StoreUnavailable as e:
+            raise HTTPException(503, str(e)) from e
+        return {"status": "recorded", "key_kind": kind, "key": key, "outcome": outcome}
+
+    @app.post("/api/v1/flush", dependencies=[Depends(auth)])
+    async def flush(timeout_s: float = Query(30.0, gt=0, le=600)) -> dict:
+        ok = await run_in_threadpool(pipeline.flush, timeout_s)
+        if not ok:
+            raise HTTPException(504, "flush did not finish in time")
+        return {"status": "flushed", "groups": len(pipeline.scores)}
+
+    return app
+
+
+def trial_to_dict(t) -> dict:
+    """JSON-ready trial with steps (ops as strings, flags as sorted lists)."""
+    d = {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name != "steps"}
+    d["flags"] = sorted(t.flags)
+    d["wall_time_s"] = t.wall_time_s
+    d["actions"] = list(t.actions)
+    d["steps"] = []
+    for s in t.steps:
+        sd = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
+        sd["op"] = s.op.value
+        sd["flags"] = sorted(s.flags)
+        if isinstance(sd.get("arguments"), bytes):
+            sd["arguments"] = sd["arguments"].hex()
+        if isinstance(sd.get("result"), bytes):
+            sd["result"] = sd["result"].hex()
+        d["steps"].append(sd)
+    return d

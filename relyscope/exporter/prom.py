@@ -1,0 +1,96 @@
+"""Prometheus exposition from a private registry (prometheus-client custom collector).
+
+Reliability gauges are built at scrape time from the latest group scores:
+
+- ``relyscope_score{agent,version,run_kind,metric,k}`` — the metric value (0–1); ``metric`` is the
+  metrics.md §11 key (``pass^2``, ``C_out``, …), ``k`` the k of pass@k / pass^k (empty otherwise).
+  Undefined (NaN) metrics are skipped, never exported as 0.
+- ``relyscope_score_ci_low`` / ``relyscope_score_ci_high`` — 95 % task-clustered bootstrap bounds.
+- ``relyscope_score_tasks`` — tasks the value is based on.
+- ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete}``.
+
+Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
+``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
+``relyscope_spool_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
+``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
+``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
+``relyscope_backpressure_total``. No task, trial or trace id is ever a label.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from relyscope.pipeline import Pipeline
+
+__all__ = ["build_registry"]
+
+
+class _ReliabilityCollector(Collector):
+    def __init__(self, pipeline: "Pipeline", write_hist: Histogram):
+        self.p = pipeline
+        self.hist = write_hist
+
+    def collect(self):
+        p = self.p
+        labels = ["agent", "version", "run_kind", "metric", "k"]
+        val = GaugeMetricFamily("relyscope_score", "Reliability metric value (metrics.md, formula set relyscope-v1)", labels=labels)
+        lo = GaugeMetricFamily("relyscope_score_ci_low", "Lower bound of the 95% task-clustered bootstrap CI", labels=labels)
+        hi = GaugeMetricFamily("relyscope_score_ci_high", "Upper bound of the 95% task-clustered bootstrap CI", labels=labels)
+        nt = GaugeMetricFamily("relyscope_score_tasks", "Tasks the metric value is based on", labels=labels)
+        tr = GaugeMetricFamily("relyscope_group_trials", "Trials per group", labels=["agent", "version", "run_kind", "kind"])
+        for (agent, version, run_kind), gs in sorted(p.scores.items()):
+            for name, mv in gs.metrics.items():
+                if mv.value is None or math.isnan(mv.value):
+                    continue
+                k = name[6:] if name.startswith(("pass^", "pass@")) else ""
+                lv = [agent, version, run_kind, name, k]
+                val.add_metric(lv, float(mv.value))
+                nt.add_metric(lv, mv.n_tasks)
+                if mv.ci is not None and not any(math.isnan(c) for c in mv.ci):
+                    lo.add_metric(lv, float(mv.ci[0]))
+                    hi.add_metric(lv, float(mv.ci[1]))
+            tr.add_metric([agent, version, run_kind, "valid"], gs.trials - gs.invalid_trials)
+            tr.add_metric([agent, version, run_kind, "invalid"], gs.invalid_trials)
+            tr.add_metric([agent, version, run_kind, "incomplete"], getattr(gs, "incomplete_trials", 0))
+        yield from (val, lo, hi, nt, tr)
+
+        s = p.stats
+        yield CounterMetricFamily("relyscope_spans_received", "Spans received over OTLP", value=s.received)
+        yield CounterMetricFamily("relyscope_spans_accepted", "Spans accepted (durably spooled)", value=s.accepted)
+        yield CounterMetricFamily("relyscope_spans_deduplicated", "Re-sent spans dropped as duplicates", value=s.deduplicated)
+        rej = CounterMetricFamily("relyscope_spans_rejected", "Spans rejected, by reason", labels=["reason"])
+        for reason, n in sorted(s.rejected.items()):
+            rej.add_metric([reason], n)
+        yield rej
+        warn = CounterMetricFamily("relyscope_otlp_warnings", "Tolerated deviations and repairs, by kind", labels=["kind"])
+        for kind, n in sorted(s.warnings.items()):
+            warn.add_metric([kind], n)
+        yield warn
+        yield CounterMetricFamily("relyscope_trials_finalized", "Trials finalized (incl. re-finalized)", value=s.trials_finalized)
+        yield CounterMetricFamily("relyscope_store_write_errors", "Failed ClickHouse writes", value=s.store_errors)
+        yield CounterMetricFamily("relyscope_backpressure", "Requests refused because the spool was full", value=s.backpressure)
+        yield GaugeMetricFamily("relyscope_spool_bytes", "Bytes in the durable spool", value=p.spool.bytes_used)
+        yield GaugeMetricFamily("relyscope_spool_pending_records", "Spool records not yet committed", value=p.spool.pending_records)
+        yield GaugeMetricFamily("relyscope_spool_oldest_age_seconds", "Age of the oldest uncommitted spool record", value=p.spool.oldest_pending_age_s)
+        yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
+        yield GaugeMetricFamily("relyscope_open_traces", "Traces buffered and not yet finalized", value=p.open_traces)
+        # drain write-latency samples into the histogram
+        samples, s.store_write_seconds[:] = list(s.store_write_seconds), []
+        for x in samples:
+            self.hist.observe(x)
+
+
+def build_registry(pipeline: "Pipeline") -> CollectorRegistry:
+    """A private registry with the reliability collector and the write-latency histogram."""
+    reg = CollectorRegistry(auto_describe=False)
+    hist = Histogram("relyscope_store_write_seconds", "ClickHouse write latency (seconds)", registry=reg,
+                     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+    reg.register(_ReliabilityCollector(pipeline, hist))
+    return reg

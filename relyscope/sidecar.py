@@ -1,0 +1,111 @@
+"""Run the sidecar: store, pipeline, OTLP/gRPC + OTLP/HTTP receivers and the management API.
+
+``Sidecar(settings).start()`` binds every port (port 0 picks a free one; the bound addresses are
+in ``.otlp_grpc_port``, ``.otlp_http_port``, ``.api_port``), and returns; ``stop()`` shuts down in
+reverse order and is idempotent. ``relyscope serve`` runs one until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+
+import uvicorn
+
+from relyscope.collector.receivers import create_grpc_server, create_otlp_http_app
+from relyscope.config import Settings, parse_hostport
+from relyscope.exporter.api import create_api_app
+from relyscope.pipeline import Pipeline
+from relyscope.store import Store
+
+__all__ = ["Sidecar"]
+
+log = logging.getLogger("relyscope.sidecar")
+
+
+def _bind(addr: str) -> socket.socket:
+    host, port = parse_hostport(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"cannot bind {addr}: {e}") from e
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class _UvicornThread:
+    def __init__(self, app, sock: socket.socket, name: str, settings: Settings):
+        ssl = {}
+        if settings.tls_cert_file and settings.tls_key_file:
+            ssl = {"ssl_certfile": settings.tls_cert_file, "ssl_keyfile": settings.tls_key_file}
+        cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                             timeout_graceful_shutdown=5, **ssl)
+        self.server = uvicorn.Server(cfg)
+        self.server.install_signal_handlers = lambda: None  # uvicorn < 0.29 API; harmless otherwise
+        self.sock = sock
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self):
+        asyncio.run(self.server.serve(sockets=[self.sock]))
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+class Sidecar:
+    """The whole sidecar in one process. See the module docstring."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.store: Store | None = None
+        self.pipeline: Pipeline | None = None
+        self._grpc = None
+        self._http: list[_UvicornThread] = []
+        self._stopped = False
+
+    def start(self) -> "Sidecar":
+        s = self.settings
+        token = s.auth_token.get_secret_value() if s.auth_token else None
+        self.store = Store(s.store)
+        self.pipeline = Pipeline(s, self.store)
+        self.pipeline.start()
+        http_sock = _bind(s.otlp_http)
+        api_sock = _bind(s.api)
+        self.otlp_http_port = http_sock.getsockname()[1]
+        self.api_port = api_sock.getsockname()[1]
+        tls = None
+        if s.tls_cert_file and s.tls_key_file:
+            tls = (open(s.tls_cert_file, "rb").read(), open(s.tls_key_file, "rb").read())
+        self._grpc, self.otlp_grpc_port = create_grpc_server(self.pipeline, s.otlp_grpc, token=token, tls=tls)
+        self._http = [
+            _UvicornThread(create_otlp_http_app(self.pipeline, token=token), http_sock, "otlp-http", s),
+            _UvicornThread(create_api_app(self.pipeline, token=token), api_sock, "api", s),
+        ]
+        for h in self._http:
+            h.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop receivers first (no new data), then drain the pipeline, then close the store."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._grpc is not None:
+            self._grpc.stop(grace=2).wait(5)
+        for h in self._http:
+            h.stop()
+        if self.pipeline is not None:
+            self.pipeline.shutdown()
+        if self.store is not None:
+            self.store.close()

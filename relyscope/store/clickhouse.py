@@ -1,0 +1,373 @@
+"""ClickHouse schema, writers and queries, through clickhouse-connect only.
+
+DSNs: ``chdb:///abs/path`` (embedded chDB, the default; one process may hold a data directory),
+``chdb://memory`` (in-memory, for ``relyscope score``), or ``http(s)://user:pass@host:8123/db``
+(a ClickHouse server). The same SQL runs on both.
+
+Tables (database ``relyscope`` unless the DSN names one):
+
+- ``otel_traces`` — raw spans, columns as the OpenTelemetry Collector ClickHouse exporter's
+  ``otel_traces`` (so Grafana's ClickHouse trace view works), plus ``RelyscopeFlags``. Engine
+  ReplacingMergeTree ordered by (TraceId, SpanId): a re-sent span is stored once.
+- ``trials`` — one row per trial (metrics.md §1), ReplacingMergeTree(version) on trial id, so a
+  re-finalized trial replaces its earlier row.
+- ``outcomes`` — outcomes posted later to the outcome API (metrics.md §6 item 2).
+- ``scores`` — per-group metric values with formula set, window, CI and bootstrap size.
+- ``grades`` — per-trial grader output (JSON), ReplacingMergeTree(version) on trial id.
+
+Reads use ``FINAL`` so replaced rows never count twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from typing import Any, Iterable, Sequence
+from urllib.parse import urlparse
+
+import clickhouse_connect
+
+from relyscope.model import CanonicalSpan, Op, Step, Trial
+
+__all__ = ["Store", "StoreUnavailable", "open_store", "resolve_dsn"]
+
+
+class StoreUnavailable(Exception):
+    """Retryable: the store could not be reached or refused the write."""
+
+
+_SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
+_STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
+
+
+def resolve_dsn(dsn: str) -> str:
+    """Make a ``chdb://`` path absolute (``chdb:///./x`` and ``chdb://./x`` → ``chdb:///abs/x``)."""
+    if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
+        path = dsn[len("chdb://"):]
+        if path.startswith("/./") or path.startswith("/../"):
+            path = path[1:]
+        path = os.path.abspath(os.path.expanduser(path))
+        os.makedirs(path, exist_ok=True)
+        return "chdb://" + path
+    return dsn
+
+
+def _attr_str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v) if isinstance(v, float) else str(v)
+    if isinstance(v, bytes):
+        return v.hex()
+    if v is None:
+        return ""
+    return json.dumps(v, default=_json_default, ensure_ascii=False)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, bytes):
+        return o.hex()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    if isinstance(o, Op):
+        return o.value
+    return str(o)
+
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS {db}.otel_traces (
+        Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
+        TraceId String CODEC(ZSTD(1)),
+        SpanId String CODEC(ZSTD(1)),
+        ParentSpanId String CODEC(ZSTD(1)),
+        TraceState String CODEC(ZSTD(1)),
+        SpanName LowCardinality(String) CODEC(ZSTD(1)),
+        SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+        ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+        ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+        ScopeName String CODEC(ZSTD(1)),
+        ScopeVersion String CODEC(ZSTD(1)),
+        SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+        Duration UInt64 CODEC(ZSTD(1)),
+        StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+        StatusMessage String CODEC(ZSTD(1)),
+        `Events.Timestamp` Array(DateTime64(9)) CODEC(ZSTD(1)),
+        `Events.Name` Array(LowCardinality(String)) CODEC(ZSTD(1)),
+        `Events.Attributes` Array(Map(LowCardinality(String), String)) CODEC(ZSTD(1)),
+        `Links.TraceId` Array(String) CODEC(ZSTD(1)),
+        `Links.SpanId` Array(String) CODEC(ZSTD(1)),
+        RelyscopeFlags Array(LowCardinality(String)),
+        IngestedAt DateTime64(3) DEFAULT now64(3)
+    ) ENGINE = ReplacingMergeTree(IngestedAt)
+    PARTITION BY toDate(Timestamp)
+    ORDER BY (TraceId, SpanId)""",
+    """CREATE TABLE IF NOT EXISTS {db}.trials (
+        trial_id String, trace_id String, root_span_id String,
+        task_id String, task_id_source LowCardinality(String),
+        agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
+        status LowCardinality(String), outcome LowCardinality(String),
+        outcome_source Nullable(String), outcome_score Nullable(Float64),
+        claimed_success Nullable(Bool), confidence Nullable(Float64), conversation_id Nullable(String),
+        start_time DateTime64(9), end_time DateTime64(9), wall_time_s Float64,
+        input_tokens UInt64, output_tokens UInt64, total_tokens UInt64, cost_usd Nullable(Float64),
+        model_calls UInt32, tool_calls UInt32, tool_errors UInt32,
+        actions Array(String), steps String, flags Array(String),
+        shadow_of Nullable(String), perturbation_family Nullable(String),
+        perturbation_strength Nullable(String), revision UInt32, span_count UInt32,
+        version_ns UInt64
+    ) ENGINE = ReplacingMergeTree(version_ns)
+    ORDER BY (agent, version, run_kind, trial_id)""",
+    """CREATE TABLE IF NOT EXISTS {db}.outcomes (
+        key String, key_kind LowCardinality(String), outcome LowCardinality(String),
+        score Nullable(Float64), source String, precedence UInt8, posted_at DateTime64(3)
+    ) ENGINE = ReplacingMergeTree(posted_at) ORDER BY (key_kind, key)""",
+    """CREATE TABLE IF NOT EXISTS {db}.scores (
+        formula_set LowCardinality(String), agent LowCardinality(String),
+        version LowCardinality(String), run_kind LowCardinality(String),
+        metric LowCardinality(String), value Nullable(Float64),
+        ci_low Nullable(Float64), ci_high Nullable(Float64), n_tasks UInt32, n_trials UInt32,
+        window_start DateTime64(3), window_end DateTime64(3), n_boot UInt32, params String,
+        computed_at DateTime64(3)
+    ) ENGINE = ReplacingMergeTree(computed_at)
+    ORDER BY (formula_set, agent, version, run_kind, metric, window_start, window_end)""",
+    """CREATE TABLE IF NOT EXISTS {db}.grades (
+        trial_id String, agent LowCardinality(String), version LowCardinality(String),
+        run_kind LowCardinality(String), grade String, severity Float64, attribution LowCardinality(String),
+        valid Bool, formula_set LowCardinality(String), version_ns UInt64
+    ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY (agent, version, run_kind, trial_id)""",
+]
+
+_SPAN_COLS = [
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
+    "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration",
+    "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name", "Events.Attributes",
+    "Links.TraceId", "Links.SpanId", "RelyscopeFlags",
+]
+_TRIAL_COLS = [
+    "trial_id", "trace_id", "root_span_id", "task_id", "task_id_source", "agent", "version",
+    "run_kind", "status", "outcome", "outcome_source", "outcome_score", "claimed_success",
+    "confidence", "conversation_id", "start_time", "end_time", "wall_time_s", "input_tokens",
+    "output_tokens", "total_tokens", "cost_usd", "model_calls", "tool_calls", "tool_errors",
+    "actions", "steps", "flags", "shadow_of", "perturbation_family", "perturbation_strength",
+    "revision", "span_count", "version_ns",
+]
+_STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
+
+
+def _step_to_dict(s: Step) -> dict:
+    d = {k: getattr(s, k) for k in _STEP_FIELDS}
+    d["op"] = s.op.value
+    d["flags"] = sorted(s.flags)
+    return d
+
+
+def _step_from_dict(d: dict) -> Step:
+    d = dict(d)
+    d["op"] = Op(d.get("op", "unknown"))
+    d["flags"] = frozenset(d.get("flags") or ())
+    return Step(**{k: v for k, v in d.items() if k in _STEP_FIELDS})
+
+
+class Store:
+    """ClickHouse access for relyscope. Thread-safe (one lock around the client).
+
+    Raises :class:`StoreUnavailable` (retryable) when the server cannot be reached or a write fails.
+    """
+
+    def __init__(self, dsn: str, *, database: str = "relyscope"):
+        self.dsn = resolve_dsn(dsn)
+        self._lock = threading.RLock()
+        parsed = urlparse(self.dsn)
+        if parsed.scheme in ("http", "https") and parsed.path.strip("/"):
+            database = parsed.path.strip("/")
+            self.dsn = parsed._replace(path="").geturl()
+        self.db = database
+        try:
+            self._client = clickhouse_connect.get_client(dsn=self.dsn)
+            self._client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
+            for ddl in SCHEMA:
+                self._client.command(ddl.format(db=self.db))
+        except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
+            raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
+        self.write_errors = 0
+        self.last_write_s = 0.0
+
+    @property
+    def embedded(self) -> bool:
+        return self.dsn.startswith("chdb:")
+
+    def close(self) -> None:
+        """Close the client. Idempotent."""
+        with self._lock:
+            c, self._client = getattr(self, "_client", None), None
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    # ---- writes ---------------------------------------------------------------------------------
+    def _insert(self, table: str, rows: list[list], cols: list[str]) -> None:
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        try:
+            with self._lock:
+                if self._client is None:
+                    raise StoreUnavailable("store closed")
+                self._client.insert(f"{self.db}.{table}", rows, column_names=cols)
+        except StoreUnavailable:
+            self.write_errors += 1
+            raise
+        except Exception as e:  # noqa: BLE001
+            self.write_errors += 1
+            raise StoreUnavailable(f"insert into {table} failed: {e}") from e
+        finally:
+            self.last_write_s = time.perf_counter() - t0
+
+    def insert_spans(self, spans: Sequence[CanonicalSpan]) -> None:
+        """Store raw spans in ``otel_traces``."""
+        rows = []
+        for s in spans:
+            rows.append([
+                s.start_ns, s.trace_id, s.span_id, s.parent_span_id, s.trace_state, s.name,
+                _SPAN_KIND.get(s.kind, "Unspecified"), str(s.resource.get("service.name", "")),
+                {k: _attr_str(v) for k, v in s.resource.items()}, s.scope_name, s.scope_version,
+                {k: _attr_str(v) for k, v in s.attributes.items()}, s.duration_ns,
+                _STATUS.get(s.status_code, "Unset"), s.status_message,
+                [e.time_ns for e in s.events], [e.name for e in s.events],
+                [{k: _attr_str(v) for k, v in e.attributes.items()} for e in s.events],
+                [l[0] for l in s.links], [l[1] for l in s.links], sorted(s.flags),
+            ])
+        self._insert("otel_traces", rows, _SPAN_COLS)
+
+    def insert_trials(self, trials: Iterable[Trial]) -> None:
+        """Store (or replace) trials."""
+        now = time.time_ns()
+        rows = []
+        for i, t in enumerate(trials):
+            rows.append([
+                t.trial_id, t.trace_id, t.root_span_id, t.task_id, t.task_id_source, t.agent_name,
+                t.agent_version, t.run_kind, t.status, t.outcome, t.outcome_source, t.outcome_score,
+                t.claimed_success, t.confidence, t.conversation_id, t.start_ns, t.end_ns,
+                t.wall_time_s, t.input_tokens, t.output_tokens, t.total_tokens, t.cost_usd,
+                t.model_calls, t.tool_calls, t.tool_errors, list(t.actions),
+                json.dumps([_step_to_dict(s) for s in t.steps], default=_json_default, ensure_ascii=False),
+                sorted(t.flags), t.shadow_of, t.perturbation_family, t.perturbation_strength,
+                t.revision, t.span_count, now + i,
+            ])
+        self._insert("trials", rows, _TRIAL_COLS)
+
+    def insert_outcome(self, key: str, key_kind: str, outcome: str, score: float | None,
+                       source: str, *, verifier: bool = False) -> None:
+        """Record an outcome posted to the API (``key_kind`` ``trace`` or ``trial``).
+
+        ``verifier=True``: the application's own environment check (metrics.md §6 item 1, wins over
+        the span); else a delayed outcome (item 2, fills in only an unknown outcome)."""
+        self._insert("outcomes", [[key, key_kind, outcome, score, source, 1 if verifier else 2, time.time()]],
+                     ["key", "key_kind", "outcome", "score", "source", "precedence", "posted_at"])
+
+    def insert_scores(self, rows: list[dict]) -> None:
+        """Store score rows (dicts with the ``scores`` columns)."""
+        if not rows:
+            return
+        cols = list(rows[0])
+        self._insert("scores", [[r[c] for c in cols] for r in rows], cols)
+
+    def insert_grades(self, rows: list[dict]) -> None:
+        if not rows:
+            return
+        cols = list(rows[0])
+        self._insert("grades", [[r[c] for c in cols] for r in rows], cols)
+
+    # ---- reads ----------------------------------------------------------------------------------
+    def query(self, sql: str, parameters: dict | None = None) -> list[tuple]:
+        """Run a read query (``{db}`` in the SQL is replaced by the database). Returns rows."""
+        try:
+            with self._lock:
+                if self._client is None:
+                    raise StoreUnavailable("store closed")
+                return self._client.query(sql.replace("{db}", self.db), parameters=parameters).result_rows
+        except StoreUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise StoreUnavailable(f"query failed: {e}") from e
+
+    def count_spans(self) -> int:
+        return self.query("SELECT count() FROM {db}.otel_traces FINAL")[0][0]
+
+    def outcomes(self) -> dict[tuple[str, str], tuple[str, float | None, str, int]]:
+        """Latest posted outcome per (key_kind, key): (outcome, score, source, precedence)."""
+        rows = self.query("SELECT key_kind, key, outcome, score, source, precedence FROM {db}.outcomes FINAL")
+        return {(r[0], r[1]): (r[2], r[3], r[4], r[5]) for r in rows}
+
+    def load_trials(self, *, agent: str | None = None, version: str | None = None,
+                    run_kind: str | None = None, since_ns: int | None = None,
+                    until_ns: int | None = None) -> list[Trial]:
+        """Trials (latest revision of each), optionally filtered; posted outcomes applied
+        (a later API outcome overrides a span-less ``unknown`` and rule outcomes; metrics.md §6)."""
+        where, params = ["1"], {}
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
+            if val is not None:
+                where.append(f"{col} = %({col})s")
+                params[col] = val
+        if since_ns is not None:
+            where.append("end_time >= fromUnixTimestamp64Nano(%(since)s)")
+            params["since"] = since_ns
+        if until_ns is not None:
+            where.append("end_time < fromUnixTimestamp64Nano(%(until)s)")
+            params["until"] = until_ns
+        sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
+               f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
+        rows = self.query(sql, params)
+        posted = self.outcomes()
+        out = []
+        for r in rows:
+            d = dict(zip([c for c in _TRIAL_COLS if c != "version_ns"], r))
+            t = Trial(
+                trial_id=d["trial_id"], trace_id=d["trace_id"], root_span_id=d["root_span_id"],
+                task_id=d["task_id"], task_id_source=d["task_id_source"], agent_name=d["agent"],
+                agent_version=d["version"], run_kind=d["run_kind"], outcome=d["outcome"],
+                outcome_source=d["outcome_source"], outcome_score=d["outcome_score"],
+                claimed_success=d["claimed_success"], confidence=d["confidence"],
+                conversation_id=d["conversation_id"], start_ns=_ns(d["start_time"]),
+                end_ns=_ns(d["end_time"]),
+                steps=tuple(_step_from_dict(x) for x in json.loads(d["steps"])),
+                input_tokens=d["input_tokens"], output_tokens=d["output_tokens"],
+                total_tokens=d["total_tokens"], cost_usd=d["cost_usd"],
+                model_calls=d["model_calls"], tool_calls=d["tool_calls"],
+                tool_errors=d["tool_errors"], status=d["status"], flags=frozenset(d["flags"]),
+                shadow_of=d["shadow_of"], perturbation_family=d["perturbation_family"],
+                perturbation_strength=d["perturbation_strength"], revision=d["revision"],
+                span_count=d["span_count"],
+            )
+            p = posted.get(("trial", t.trial_id)) or posted.get(("trace", t.trace_id))
+            # metrics.md §6: a posted verifier outcome (precedence 1) overrides the span; a delayed
+            # outcome (precedence 2: feedback, business event) fills in only an unknown outcome.
+            if p is not None and (t.outcome == "unknown" or p[3] == 1):
+                t = dataclasses.replace(t, outcome=p[0], outcome_score=p[1], outcome_source=p[2])
+            out.append(t)
+        return out
+
+
+def _ns(dt: Any) -> int:
+    if isinstance(dt, int):
+        return dt
+    try:
+        import datetime as _d
+
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=_d.timezone.utc)
+        return int(dt.timestamp()) * 1_000_000_000 + dt.microsecond * 1000
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def open_store(dsn: str) -> Store:
+    """Open (and migrate) the store at ``dsn``. Raises :class:`StoreUnavailable`."""
+    return Store(dsn)
