@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     redact_deny: list[str] = Field(default_factory=list, description="attribute keys dropped before storage")
     redact_patterns: list[str] = Field(default_factory=list, description="regexes masked in content attributes before storage")
 
+    fault_store_down_file: str | None = Field(
+        None, description="chaos testing: while this file exists, every store write fails as if ClickHouse were down")
+
     @field_validator("otlp_grpc", "otlp_http", "api")
     @classmethod
     def _hostport(cls, v: str) -> str:

@@ -113,7 +113,7 @@ def import_tau_bench(
     total = count_runs(str(file))
     with _progress() as prog:
         task = prog.add_task(f"importing {file.name}", total=total)
-        n = replay_tau_bench(str(file), tracer_provider=tp, on_progress=lambda *_: prog.advance(task))
+        n = replay_tau_bench(str(file), tracer_provider=tp, on_progress=lambda done: prog.update(task, completed=done))
     tp.force_flush()
     tp.shutdown()
     err.print(f"imported {n} runs from {file} → {out or endpoint}")

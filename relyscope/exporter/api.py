@@ -6,6 +6,7 @@
 | ``GET /healthz`` | liveness + store reachability, spool and queue figures |
 | ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=`` |
 | ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&limit=``) |
+| ``GET /api/v1/spans`` | stored span counts (``?keys=true`` or ``?trace_id=`` adds the (trace, span) ids) |
 | ``POST /api/v1/outcomes`` | a (possibly late) outcome for a trial or trace: re-scores its group |
 | ``POST /api/v1/flush`` | finalize every open trace now and rescore (operators, tests, the demo) |
 
@@ -88,6 +89,16 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         return {"trials": [trial_to_dict(t) for t in rows[:limit]], "total": len(rows)}
+
+    @app.get("/api/v1/spans", dependencies=[Depends(auth)])
+    async def spans(trace_id: str | None = None, keys: bool = False) -> dict:
+        try:
+            out = await run_in_threadpool(pipeline.store.span_counts)
+            if keys or trace_id:
+                out["keys"] = [list(k) for k in await run_in_threadpool(pipeline.store.span_keys, trace_id)]
+        except StoreUnavailable as e:
+            raise HTTPException(503, str(e)) from e
+        return out
 
     @app.post("/api/v1/outcomes", dependencies=[Depends(auth)])
     async def outcomes(body: OutcomeIn) -> dict:

@@ -49,7 +49,7 @@ class _ReliabilityCollector(Collector):
             for name, mv in gs.metrics.items():
                 if mv.value is None or math.isnan(mv.value):
                     continue
-                k = name[6:] if name.startswith(("pass^", "pass@")) else ""
+                k = name[5:] if name.startswith(("pass^", "pass@")) else ""
                 lv = [agent, version, run_kind, name, k]
                 val.add_metric(lv, float(mv.value))
                 nt.add_metric(lv, mv.n_tasks)

@@ -179,8 +179,9 @@ class Store:
     Raises :class:`StoreUnavailable` (retryable) when the server cannot be reached or a write fails.
     """
 
-    def __init__(self, dsn: str, *, database: str = "relyscope"):
+    def __init__(self, dsn: str, *, database: str = "relyscope", fault_file: str | None = None):
         self.dsn = resolve_dsn(dsn)
+        self.fault_file = fault_file
         self._lock = threading.RLock()
         parsed = urlparse(self.dsn)
         if parsed.scheme in ("http", "https") and parsed.path.strip("/"):
@@ -217,6 +218,8 @@ class Store:
             return
         t0 = time.perf_counter()
         try:
+            if self.fault_file and os.path.exists(self.fault_file):
+                raise StoreUnavailable(f"store down (fault injected by {self.fault_file})")
             with self._lock:
                 if self._client is None:
                     raise StoreUnavailable("store closed")
@@ -299,7 +302,22 @@ class Store:
             raise StoreUnavailable(f"query failed: {e}") from e
 
     def count_spans(self) -> int:
+        """Stored spans, each (trace id, span id) once."""
         return self.query("SELECT count() FROM {db}.otel_traces FINAL")[0][0]
+
+    def span_counts(self) -> dict:
+        """``{"spans": distinct stored spans, "rows": rows before dedup merges, "trials": n}``."""
+        spans = self.count_spans()
+        rows = self.query("SELECT count() FROM {db}.otel_traces")[0][0]
+        trials = self.query("SELECT count() FROM {db}.trials FINAL")[0][0]
+        return {"spans": spans, "rows": rows, "trials": trials}
+
+    def span_keys(self, trace_id: str | None = None) -> list[tuple[str, str]]:
+        """(trace id, span id) of stored spans (FINAL), optionally for one trace."""
+        if trace_id:
+            return self.query("SELECT TraceId, SpanId FROM {db}.otel_traces FINAL WHERE TraceId = %(t)s",
+                              {"t": trace_id})
+        return self.query("SELECT TraceId, SpanId FROM {db}.otel_traces FINAL")
 
     def outcomes(self) -> dict[tuple[str, str], tuple[str, float | None, str, int]]:
         """Latest posted outcome per (key_kind, key): (outcome, score, source, precedence)."""

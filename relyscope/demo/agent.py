@@ -1,0 +1,291 @@
+"""A simulated customer-service agent (no LLM) instrumented with relyscope's wrappers.
+
+Deterministic given ``seed``: every (task, trial) draws from its own ``random.Random`` seeded with
+the string ``"{seed}:{task_id}:{trial}"`` (string seeds are hashed with SHA-512 by ``random``, so
+the stream does not depend on PYTHONHASHSEED). Only the span timestamps and ids vary between runs
+(real clock, random ids).
+
+Each task has a tool plan, a per-call transient-fault probability (timeouts, HTTP 500s; retried up
+to twice with a ``recover`` decision) and a probability that the final action is right. The catalog
+spans always-succeeding tasks (``order-status``), flaky ones (``refund``, ``cancel-order``) and
+mostly failing ones (``exchange-item``, ``price-adjustment``), so pass^k differs across tasks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.trace import TracerProvider
+
+from relyscope.instrumentation import (
+    agent_run,
+    llm_call,
+    record_claimed_success,
+    record_confidence,
+    record_decision,
+    record_outcome,
+    tool_call,
+)
+
+__all__ = ["DEMO_MODEL", "DEMO_PROVIDER", "TASKS", "DemoTask", "ToolStep", "run_demo"]
+
+DEMO_MODEL = "sim-support-1"
+DEMO_PROVIDER = "relyscope.demo"
+OUTCOME_SOURCE = "demo_env_check"
+MAX_RETRIES = 2
+P_CONFIRM = 0.85
+"""Probability the agent asks the user to confirm before an irreversible tool."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStep:
+    """One tool of a task's plan: name, side effect (none/read/write/irreversible), arg keys."""
+
+    name: str
+    side_effect: str
+    arg_keys: tuple[str, ...] = ("order_id",)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoTask:
+    """A support task: user request, tool plan, fault rate per call, P(final action right)."""
+
+    task_id: str
+    request: str
+    steps: tuple[ToolStep, ...]
+    p_correct: float
+    p_fault: float
+
+
+_GET_ORDER = ToolStep("get_order", "read")
+_GET_CUSTOMER = ToolStep("get_customer", "read", ("customer_id",))
+
+TASKS: tuple[DemoTask, ...] = (
+    DemoTask("order-status", "Where is my order?", (_GET_ORDER,), 1.0, 0.0),
+    DemoTask(
+        "track-shipment",
+        "My parcel has not moved for days.",
+        (_GET_ORDER, ToolStep("track_shipment", "read", ("tracking_id",))),
+        0.97,
+        0.04,
+    ),
+    DemoTask(
+        "update-email",
+        "Please change my e-mail address.",
+        (_GET_CUSTOMER, ToolStep("update_email", "write", ("customer_id", "email"))),
+        0.95,
+        0.05,
+    ),
+    DemoTask(
+        "address-change",
+        "I moved; ship my open order to the new address.",
+        (_GET_CUSTOMER, _GET_ORDER, ToolStep("update_address", "write", ("order_id", "address"))),
+        0.8,
+        0.08,
+    ),
+    DemoTask(
+        "refund",
+        "The blender arrived broken, I want my money back.",
+        (
+            _GET_ORDER,
+            ToolStep("check_refund_policy", "read"),
+            ToolStep("issue_refund", "irreversible", ("order_id", "amount")),
+        ),
+        0.6,
+        0.12,
+    ),
+    DemoTask(
+        "cancel-order",
+        "Cancel the order I placed this morning.",
+        (_GET_ORDER, ToolStep("cancel_order", "irreversible", ("order_id", "reason"))),
+        0.55,
+        0.1,
+    ),
+    DemoTask(
+        "exchange-item",
+        "Swap the shoes for one size larger.",
+        (
+            _GET_ORDER,
+            ToolStep("check_inventory", "read", ("sku",)),
+            ToolStep("create_exchange", "write", ("order_id", "sku")),
+            ToolStep("issue_refund", "irreversible", ("order_id", "amount")),
+        ),
+        0.3,
+        0.15,
+    ),
+    DemoTask(
+        "price-adjustment",
+        "It went on sale the day after I bought it; refund the difference.",
+        (
+            _GET_ORDER,
+            ToolStep("lookup_promotions", "read", ("sku",)),
+            ToolStep("apply_credit", "irreversible", ("customer_id", "amount")),
+        ),
+        0.15,
+        0.08,
+    ),
+)
+
+_FAULTS = (
+    ("timeout", "upstream timed out after 10 s"),
+    ("http_500", "HTTP 500 Internal Server Error"),
+)
+
+
+def _arg_value(key: str, rng: random.Random) -> Any:
+    makers: dict[str, Callable[[], Any]] = {
+        "order_id": lambda: f"ORD-{rng.randint(10000, 99999)}",
+        "customer_id": lambda: f"CUST-{rng.randint(1000, 9999)}",
+        "tracking_id": lambda: f"TRK{rng.randint(10**8, 10**9 - 1)}",
+        "email": lambda: f"user{rng.randint(1, 999)}@example.com",
+        "address": lambda: f"{rng.randint(1, 200)} Main St",
+        "amount": lambda: round(rng.uniform(5, 250), 2),
+        "reason": lambda: rng.choice(["changed_mind", "ordered_by_mistake"]),
+        "sku": lambda: f"SKU-{rng.randint(100, 999)}",
+    }
+    return makers[key]()
+
+
+def _chat(rng: random.Random, context_tokens: int, finish: str) -> int:
+    """One simulated model call; returns the grown context size (tokens)."""
+    with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as llm:
+        out = rng.randint(20, 180)
+        llm.set_usage(
+            input_tokens=context_tokens,
+            output_tokens=out,
+            cache_read_tokens=int(context_tokens * rng.uniform(0.3, 0.8)),
+        )
+        llm.set_response(model=DEMO_MODEL, finish_reasons=[finish])
+    return context_tokens + out + rng.randint(40, 400)
+
+
+def _clamp01(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def _run_once(
+    task: DemoTask,
+    task_id: str,
+    trial: int,
+    *,
+    seed: int,
+    agent_name: str,
+    version: str,
+    tracer_provider: TracerProvider,
+) -> bool:
+    rng = random.Random(f"{seed}:{task_id}:{trial}")
+    with agent_run(
+        agent_name,
+        task_id=task_id,
+        version=version,
+        run_kind="production",
+        conversation_id=f"demo-{seed}-{task_id}-{trial}",
+        tracer_provider=tracer_provider,
+    ):
+        ctx = rng.randint(600, 1200)
+        with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as plan:
+            plan.set_usage(input_tokens=ctx, output_tokens=rng.randint(30, 120))
+            plan.set_response(model=DEMO_MODEL, finish_reasons=["tool_calls"])
+            record_decision("act", reason=f"plan for: {task.request}")
+        ctx += rng.randint(100, 300)
+
+        gave_up = False
+        for step in task.steps:
+            if step.side_effect == "irreversible" and rng.random() < P_CONFIRM:
+                with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as ask:
+                    ask.set_usage(input_tokens=ctx, output_tokens=rng.randint(15, 60))
+                    ask.set_response(model=DEMO_MODEL, finish_reasons=["stop"])
+                    record_decision("confirm", reason=f"{step.name} cannot be undone")
+                ctx += rng.randint(30, 90)
+            args = {k: _arg_value(k, rng) for k in step.arg_keys}
+            for attempt in range(MAX_RETRIES + 1):
+                fault = rng.random() < task.p_fault
+                with tool_call(
+                    step.name,
+                    side_effect=step.side_effect,
+                    call_id=f"call_{rng.getrandbits(48):012x}",
+                    arguments=args,
+                ) as tool:
+                    if fault:
+                        error_type, message = rng.choice(_FAULTS)
+                        tool.set_error(error_type, message)
+                    else:
+                        tool.set_result({"ok": True, "tool": step.name, **args})
+                if not fault:
+                    break
+                if attempt < MAX_RETRIES:
+                    # the retry decision sits on the model call that chose it
+                    ctx += rng.randint(30, 80)
+                    with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as retry:
+                        retry.set_usage(input_tokens=ctx, output_tokens=rng.randint(10, 40))
+                        retry.set_response(model=DEMO_MODEL, finish_reasons=["tool_calls"])
+                        record_decision("recover", reason=f"retry {step.name} after {error_type}")
+                else:
+                    with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as stop:
+                        stop.set_usage(input_tokens=ctx, output_tokens=rng.randint(20, 60))
+                        stop.set_response(model=DEMO_MODEL, finish_reasons=["stop"])
+                        record_decision("stop", reason=f"{step.name} keeps failing")
+                    gave_up = True
+            if gave_up:
+                break
+            ctx = _chat(rng, ctx, "tool_calls" if step is not task.steps[-1] else "stop")
+
+        success = (not gave_up) and rng.random() < task.p_correct
+        # Claims: a successful agent says so; a failing one over-claims sometimes (more often
+        # when it did not notice the failure than when it gave up).
+        claimed = success or rng.random() < (0.15 if gave_up else 0.6)
+        confidence = _clamp01(rng.gauss(0.82, 0.08) if success else rng.gauss(0.58, 0.17))
+        record_claimed_success(claimed)
+        record_confidence(round(confidence, 4))
+        record_outcome(success, source=OUTCOME_SOURCE)
+    return success
+
+
+def run_demo(
+    tracer_provider: TracerProvider,
+    *,
+    tasks: int = 8,
+    trials: int = 5,
+    seed: int = 7,
+    agent_name: str = "support-agent",
+    version: str = "1.0.0",
+) -> dict[str, Any]:
+    """Run ``tasks`` × ``trials`` simulated agent runs, emitting spans through ``tracer_provider``.
+
+    Tasks are taken from :data:`TASKS` in order; beyond its length the catalog repeats with
+    ``-2``, ``-3`` … suffixed task ids. Returns
+    ``{"runs": int, "successes": int, "by_task": {task_id: {"runs": int, "successes": int}}}``.
+    Calls ``tracer_provider.force_flush()`` at the end when available. Raises ValueError for
+    ``tasks`` or ``trials`` < 1.
+    """
+    if tasks < 1 or trials < 1:
+        raise ValueError("tasks and trials must be >= 1")
+    by_task: dict[str, dict[str, int]] = {}
+    for t in range(tasks):
+        task = TASKS[t % len(TASKS)]
+        lap = t // len(TASKS)
+        task_id = task.task_id if lap == 0 else f"{task.task_id}-{lap + 1}"
+        counts = by_task.setdefault(task_id, {"runs": 0, "successes": 0})
+        for trial in range(trials):
+            ok = _run_once(
+                task,
+                task_id,
+                trial,
+                seed=seed,
+                agent_name=agent_name,
+                version=version,
+                tracer_provider=tracer_provider,
+            )
+            counts["runs"] += 1
+            counts["successes"] += int(ok)
+    flush = getattr(tracer_provider, "force_flush", None)
+    if callable(flush):
+        flush()
+    return {
+        "runs": sum(c["runs"] for c in by_task.values()),
+        "successes": sum(c["successes"] for c in by_task.values()),
+        "by_task": by_task,
+    }

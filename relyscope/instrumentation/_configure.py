@@ -1,0 +1,100 @@
+"""``configure()``: the only place the instrumentation touches the OTel SDK and OTLP exporters.
+
+All SDK/exporter imports are inside the function so importing ``relyscope.instrumentation`` stays
+API-only (style.md lesson 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from relyscope import semconv as sc
+
+if TYPE_CHECKING:  # pragma: no cover
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+__all__ = ["configure"]
+
+PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def _http_traces_url(endpoint: str) -> str:
+    """Append the signal path ``/v1/traces`` to a base URL (one with an empty or ``/`` path)."""
+    parts = urlsplit(endpoint)
+    if parts.path in ("", "/"):
+        return urlunsplit(parts._replace(path="/v1/traces"))
+    return endpoint
+
+
+def configure(
+    endpoint: str | None = None,
+    *,
+    protocol: Literal["grpc", "http/protobuf"] = "grpc",
+    service_name: str = "agent",
+    service_version: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    batch: bool = True,
+    set_global: bool = False,
+    exporter: SpanExporter | None = None,
+    resource_attributes: Mapping[str, str] | None = None,
+) -> TracerProvider:
+    """Build an SDK ``TracerProvider`` exporting spans over OTLP (to a relyscope sidecar).
+
+    Args:
+        endpoint: OTLP endpoint, e.g. ``http://127.0.0.1:4317`` (gRPC) or
+            ``http://127.0.0.1:4318`` (HTTP; a base URL gets ``/v1/traces`` appended). ``None`` lets
+            the exporter read the standard ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` variables
+            (and its own defaults, localhost:4317 / localhost:4318/v1/traces).
+        protocol: ``"grpc"`` or ``"http/protobuf"``.
+        service_name / service_version: resource ``service.name`` / ``service.version`` (merged
+            with ``OTEL_RESOURCE_ATTRIBUTES`` by the SDK's ``Resource.create``).
+        headers: extra OTLP request headers (e.g. auth).
+        batch: ``BatchSpanProcessor`` (default) or ``SimpleSpanProcessor`` (synchronous export).
+        set_global: also install the provider as the global OTel provider (default: don't).
+        exporter: use this ``SpanExporter`` instead of OTLP (e.g.
+            :class:`relyscope.instrumentation.otlp_json.OTLPJsonFileExporter`); then ``endpoint``,
+            ``protocol`` and ``headers`` are ignored.
+        resource_attributes: extra resource attributes.
+
+    Returns the provider; call its ``shutdown()`` at exit to flush buffered spans. To make the
+    wrappers use it, pass it as ``tracer_provider=`` to ``agent_run`` (children inherit it), call
+    ``use_tracer_provider(tp)``, or pass ``set_global=True``.
+
+    Raises ValueError for an unknown ``protocol``.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    attrs: dict[str, str] = dict(resource_attributes or {})
+    attrs[sc.SERVICE_NAME] = service_name
+    if service_version is not None:
+        attrs[sc.SERVICE_VERSION] = service_version
+    provider = TracerProvider(resource=Resource.create(attrs))
+
+    if exporter is None:
+        hdrs = dict(headers) if headers else None
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=endpoint, headers=hdrs)
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter as HTTPSpanExporter,
+            )
+
+            url = _http_traces_url(endpoint) if endpoint else None
+            exporter = HTTPSpanExporter(endpoint=url, headers=hdrs)
+
+    processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider

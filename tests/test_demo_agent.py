@@ -1,0 +1,142 @@
+"""The bundled demo agent: deterministic per seed, realistic mix of outcomes, well-formed spans."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from relyscope.demo import run_demo
+
+
+def _run(**kwargs):
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    summary = run_demo(tp, **kwargs)
+    spans = exporter.get_finished_spans()
+    tp.shutdown()
+    return summary, spans
+
+
+def _signature(spans):
+    """Everything but ids and timestamps, in finish order."""
+    return [
+        (s.name, s.parent is None, tuple(sorted(s.attributes.items())), s.status.status_code)
+        for s in spans
+    ]
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    return _run()
+
+
+def test_deterministic_for_a_seed(default_run):
+    summary, spans = default_run
+    again_summary, again_spans = _run()
+    assert again_summary == summary
+    assert _signature(again_spans) == _signature(spans)
+    other_summary, other_spans = _run(seed=8)
+    assert _signature(other_spans) != _signature(spans)
+
+
+def test_summary_matches_spans(default_run):
+    summary, spans = default_run
+    roots = [s for s in spans if s.parent is None]
+    assert len(roots) == summary["runs"] == 8 * 5
+    assert all(s.name == "invoke_agent support-agent" for s in roots)
+    successes = sum(r.attributes["relyscope.outcome"] == "success" for r in roots)
+    assert successes == summary["successes"]
+    per_task = defaultdict(list)
+    for r in roots:
+        per_task[r.attributes["relyscope.task.id"]].append(r.attributes["relyscope.outcome"])
+    assert {t: {"runs": len(v), "successes": v.count("success")} for t, v in per_task.items()} == (
+        summary["by_task"]
+    )
+
+
+def test_outcomes_vary_across_tasks(default_run):
+    _, spans = default_run
+    per_task = defaultdict(list)
+    for r in (s for s in spans if s.parent is None):
+        ok = r.attributes["relyscope.outcome"] == "success"
+        per_task[r.attributes["relyscope.task.id"]].append(ok)
+    assert len(per_task) == 8
+    flaky = [t for t, v in per_task.items() if any(v) and not all(v)]
+    assert flaky, "at least one task must both succeed and fail across trials"
+    assert all(per_task["order-status"])  # the easy task always succeeds
+    assert not all(all(v) for v in per_task.values())
+
+
+def test_root_attributes(default_run):
+    _, spans = default_run
+    for r in (s for s in spans if s.parent is None):
+        a = r.attributes
+        assert a["gen_ai.operation.name"] == "invoke_agent"
+        assert a["gen_ai.agent.version"] == "1.0.0"
+        assert a["gen_ai.invocation.is_nested"] is False
+        assert a["relyscope.run.kind"] == "production"
+        assert a["relyscope.outcome"] in ("success", "failure")
+        assert 0.0 <= a["relyscope.confidence"] <= 1.0
+        assert isinstance(a["relyscope.claimed_success"], bool)
+        assert a["gen_ai.conversation.id"]
+
+
+def test_steps_decisions_faults_and_usage():
+    summary, spans = _run(trials=20)  # more trials: faults and retries surely occur
+    by_id = {s.context.span_id: s for s in spans}
+    tools = [s for s in spans if s.name.startswith("execute_tool ")]
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    assert tools and chats
+    for c in chats:
+        assert c.attributes["gen_ai.usage.input_tokens"] > 0
+        assert c.attributes["gen_ai.usage.output_tokens"] > 0
+    errors = [t for t in tools if t.status.status_code == StatusCode.ERROR]
+    assert errors
+    assert {t.attributes["error.type"] for t in errors} <= {"timeout", "http_500"}
+    decisions = defaultdict(int)
+    for s in spans:
+        if "relyscope.decision" in s.attributes:
+            decisions[s.attributes["relyscope.decision"]] += 1
+    assert decisions["act"] == summary["runs"]
+    assert decisions["recover"] > 0 and decisions["confirm"] > 0
+    # a confirm precedes most irreversible tool calls (same trace, earlier start)
+    irreversible = [
+        t for t in tools if t.attributes["relyscope.tool.side_effect"] == "irreversible"
+    ]
+    assert irreversible
+    confirmed = 0
+    for t in irreversible:
+        trace_spans = [s for s in spans if s.context.trace_id == t.context.trace_id]
+        confirmed += any(
+            s.attributes.get("relyscope.decision") == "confirm" and s.end_time <= t.start_time
+            for s in trace_spans
+        )
+    assert confirmed / len(irreversible) > 0.5
+    # every child belongs to its run's root
+    for s in spans:
+        if s.parent is not None:
+            assert by_id[s.parent.span_id].parent is None
+    # confidence is informative: higher on successes than on failures (but not a perfect split)
+    roots = [s for s in spans if s.parent is None]
+    conf = defaultdict(list)
+    for r in roots:
+        conf[r.attributes["relyscope.outcome"]].append(r.attributes["relyscope.confidence"])
+    ok, bad = conf["success"], conf["failure"]
+    assert ok and bad
+    assert mean(ok) > mean(bad)
+    assert max(bad) > min(ok)
+
+
+def test_task_catalog_repeats_and_validation():
+    summary, _ = _run(tasks=10, trials=1)
+    assert summary["runs"] == 10
+    assert "order-status-2" in summary["by_task"] and "track-shipment-2" in summary["by_task"]
+    with pytest.raises(ValueError):
+        _run(tasks=0)
