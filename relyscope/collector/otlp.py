@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
-import io
 import json as _json
 import math
 import re
@@ -712,6 +711,10 @@ def _attrs_json(kvs: Any, cx: _JCtx, fl: set, max_n: int, depth: int = 0) -> dic
                     fl.add("truncated_attribute")
                     x = x[:ml]
                 out[key] = x
+                continue
+            x = v.get("intValue")
+            if type(x) is str and len(x) < 19 and x.isdigit() and x.isascii():
+                out[key] = int(x)  # < 10**18 fits int64
                 continue
         out[key] = _any_json(v, cx, fl, depth)
     return out
