@@ -196,6 +196,7 @@ class Step:
     output_tokens: int | None = None
     cost_usd: float | None = None
     flags: frozenset[str] = frozenset()
+    fault_type: str | None = None  # relyscope.fault.type: the result was an injected fault
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,9 +131,7 @@ def _fetch_report(api: str, token: Optional[str]) -> Optional[dict]:
     return r.json()
 
 
-def _report_from_store(dsn: str, n_boot: int) -> dict:
-    from relyscope.exporter.report import build_report
-    from relyscope.scorers.profile import score_group
+def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None) -> dict:
     from relyscope.store import Store
 
     st = Store(dsn)
@@ -141,20 +139,23 @@ def _report_from_store(dsn: str, n_boot: int) -> dict:
         trials = st.load_trials()
     finally:
         st.close()
-    return _score_trials(trials, n_boot)
+    return _score_trials(trials, n_boot, policy_file)
 
 
-def _score_trials(trials, n_boot: int) -> dict:
-    import collections
-
+def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None) -> dict:
     from relyscope.exporter.report import build_report
-    from relyscope.scorers.profile import score_group
+    from relyscope.scorers.policy import PolicyError, load_policy
+    from relyscope.scorers.review import score_all
 
-    groups = collections.defaultdict(list)
-    for t in trials:
-        groups[(t.agent_name, t.agent_version, t.run_kind)].append(t)
-    scores = {g: score_group(ts, n_boot=n_boot, seed=0) for g, ts in groups.items()}
-    return build_report(scores)
+    policy = None
+    if policy_file:
+        try:
+            policy = load_policy(policy_file)
+        except PolicyError as e:
+            err.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
+    scores, extras = score_all(trials, policy, n_boot=n_boot)
+    return build_report(scores, extras)
 
 
 @app.command()
@@ -179,6 +180,7 @@ def score(
     files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="OTLP/JSON files (one request per file or per line)"),
     format: str = typer.Option("table", "--format", help="table | json"),
     n_boot: int = typer.Option(2000, help="bootstrap resamples (0: no CIs)"),
+    policy: Optional[Path] = typer.Option(None, "--policy", exists=True, help="safety policy YAML"),
 ) -> None:
     """Score OTLP/JSON files offline: temporary embedded store, every trial finalized at end of input."""
     from relyscope.collector.normalize import normalize
@@ -218,7 +220,7 @@ def score(
         shutil.rmtree(tmp, ignore_errors=True)
     if rejected:
         err.print(f"[yellow]{rejected} spans rejected[/yellow]")
-    _print_report(_score_trials(trials, n_boot), format)
+    _print_report(_score_trials(trials, n_boot, str(policy) if policy else None), format)
 
 
 def _print_report(rep: dict, fmt: str) -> None:

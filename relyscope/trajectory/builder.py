@@ -202,7 +202,9 @@ def _build_trial(trace_id, root, members, spans, reattached, depth, llm_parents,
             tool_name=sem.tool_name, tool_call_id=sem.tool_call_id, arguments=sem.tool_arguments,
             result=sem.tool_result, error=sem.error_type, decision=sem.decision,
             side_effect=sem.side_effect, model=sem.model, input_tokens=sem.input_tokens,
-            output_tokens=sem.output_tokens, cost_usd=sem.cost_usd, flags=frozenset(sflags),
+            output_tokens=sem.output_tokens, cost_usd=sem.cost_usd,
+            flags=frozenset(sflags | ({"injected_fault"} if sem.fault_type else set())),
+            fault_type=sem.fault_type,
         ))
 
     if root:
