@@ -5,7 +5,8 @@ relyscope is a constant here, so a rename in the spec is a one-line change. The 
 the collector both import this module; it imports nothing.
 
 Follows: OpenTelemetry GenAI semantic conventions as of open-telemetry/semantic-conventions-genai
-(post May-2026 move), with the pre-move aliases listed in ``LEGACY_ALIASES``.
+(post May-2026 move). The pre-move aliases and the other conventions' names (OpenInference,
+OpenLLMetry, framework bridges) live in the version table ``relyscope.collector.normalize.versions``.
 """
 
 from __future__ import annotations

@@ -265,7 +265,21 @@ def test_record_decision_validation(mem):
             record_decision("delegate")
         for kind in ("act", "ask", "refuse", "stop", "confirm", "recover"):
             record_decision(kind)
-    assert exp.get_finished_spans()[0].attributes["relyscope.decision"] == "recover"
+        with tool_call("t", tracer_provider=tp):
+            record_decision("confirm", reason="irreversible")
+    spans = exp.get_finished_spans()
+    # directly under the run: one zero-length child span per decision, in order
+    decisions = [s for s in spans if s.name.startswith("decision ")]
+    assert [s.attributes["relyscope.decision"] for s in decisions] == [
+        "act", "ask", "refuse", "stop", "confirm", "recover"]
+    assert all(s.start_time == s.end_time for s in decisions)
+    root = next(s for s in spans if s.name == "invoke_agent a")
+    assert all(s.parent.span_id == root.context.span_id for s in decisions)
+    assert "relyscope.decision" not in root.attributes
+    # inside a tool span: set on that span
+    tool = next(s for s in spans if s.name == "execute_tool t")
+    assert tool.attributes["relyscope.decision"] == "confirm"
+    assert tool.attributes["relyscope.decision.reason"] == "irreversible"
 
 
 def test_record_without_open_run_targets_current_span(mem):

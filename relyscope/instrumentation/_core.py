@@ -725,15 +725,24 @@ def record_claimed_success(claimed: bool) -> None:
 
 
 def record_decision(kind: str, *, reason: str | None = None) -> None:
-    """Record a control decision on the CURRENT span (the innermost open span of any kind).
+    """Record a control decision (metrics.md §8).
 
-    ``relyscope.decision`` in act, ask, refuse, stop, confirm, recover;
-    ``relyscope.decision.reason`` when given. Raises ValueError for another ``kind``.
+    Inside a tool or model span it is set on that span (``relyscope.decision``,
+    ``relyscope.decision.reason``). Directly inside an :func:`agent_run` (the current span is the
+    run's root) it becomes a zero-length child span ``decision {kind}`` carrying the attributes, so
+    the decision keeps its place among the run's steps. Raises ValueError for a ``kind`` not in
+    act, ask, refuse, stop, confirm, recover.
     """
     if kind not in sc.DECISIONS:
         raise ValueError(f"decision must be one of {sc.DECISIONS}, got {kind!r}")
     span = trace.get_current_span()
-    span.set_attribute(sc.RS_DECISION, kind)
+    runs = _RUNS.get()
+    attrs = {sc.RS_DECISION: kind}
     if reason is not None:
-        span.set_attribute(sc.RS_DECISION_REASON, str(reason))
-
+        attrs[sc.RS_DECISION_REASON] = str(reason)
+    if runs and runs[-1].span is span:
+        child = _tracer(None).start_span(f"decision {kind}", attributes=attrs)
+        child.end(end_time=child.start_time)  # type: ignore[attr-defined]
+        return
+    for k, v in attrs.items():
+        span.set_attribute(k, v)
