@@ -106,10 +106,16 @@ def resample_weights(
     while done < n_boot:
         b = min(rows, n_boot - done)
         offsets = (np.arange(b, dtype=np.int64) * n_tasks)[:, None]
-        flat = np.zeros(b * n_tasks, dtype=np.float64)
-        for members in groups:
-            draw = rng.integers(0, members.size, size=(b, members.size))
-            flat += np.bincount((members[draw] + offsets).reshape(-1), minlength=b * n_tasks)
+        if len(groups) == 1:  # common case: no index remapping, one bincount
+            draw = rng.integers(0, n_tasks, size=(b, n_tasks))
+            draw += offsets
+            flat = np.bincount(draw.reshape(-1), minlength=b * n_tasks).astype(np.float64)
+        else:
+            flat = np.zeros(b * n_tasks, dtype=np.float64)
+            for members in groups:
+                draw = members[rng.integers(0, members.size, size=(b, members.size))]
+                draw += offsets
+                flat += np.bincount(draw.reshape(-1), minlength=b * n_tasks)
         yield flat.reshape(b, n_tasks)
         done += b
 

@@ -142,12 +142,14 @@ def _binomial_ratio_table(c: NDArray[np.int64], n: NDArray[np.int64], k: int, *,
     ok = n >= k
     if not ok.any():
         return out
-    pairs, inv = np.unique(np.stack([c[ok], n[ok]], axis=1), axis=0, return_inverse=True)
+    base = int(n[ok].max()) + 1
+    keys, inv = np.unique(c[ok] * base + n[ok], return_inverse=True)  # one entry per (c, n) pair
+    pairs = [divmod(int(key), base) for key in keys]
     # int / int true division is correctly rounded, even for huge binomials.
     if complement:
-        vals = [(math.comb(int(b), k) - math.comb(int(b - a), k)) / math.comb(int(b), k) for a, b in pairs]
+        vals = [(math.comb(b, k) - math.comb(b - a, k)) / math.comb(b, k) for a, b in pairs]
     else:
-        vals = [math.comb(int(a), k) / math.comb(int(b), k) for a, b in pairs]
+        vals = [math.comb(a, k) / math.comb(b, k) for a, b in pairs]
     vals = np.asarray(vals, dtype=np.float64)
     out[ok] = vals[inv.reshape(-1)]
     return out

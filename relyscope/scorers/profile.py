@@ -71,7 +71,7 @@ class GroupScore:
         or ``None``. Safe for ``json.dumps(..., allow_nan=False)``."""
 
         def num(x: float) -> float | None:
-            return None if x is None or math.isnan(x) else float(x)
+            return None if math.isnan(x) else float(x)
 
         out: dict[str, Any] = {
             "tasks": self.tasks,
@@ -316,6 +316,7 @@ def score_group(
         ),
     )
     results["P_AUROC"] = replace(M.p_auroc(q, yq), n_tasks=pred_tasks)
+    stats["P_AUROC"] = ("auroc", None)  # from the sparse per-task confidence histograms below
     uq, qidx = np.unique(q, return_inverse=True)
     pos = yq == 1
     hist_pos = sparse.csr_matrix((np.ones(int(pos.sum())), (tq[pos], qidx[pos])), shape=(n_tasks, max(uq.size, 1)))
@@ -349,7 +350,7 @@ def score_group(
             d, hp, hn = sums
             vals: dict[str, NDArray[np.float64]] = {}
             for key in keys:
-                kind, arg = stats[key] if key != "P_AUROC" else ("auroc", None)
+                kind, arg = stats[key]
                 if kind in ("ratio", "mean"):
                     v = _ratio(d[:, arg.start], d[:, arg.start + 1])
                 elif kind == "one_minus_ratio":
