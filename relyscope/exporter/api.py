@@ -6,6 +6,7 @@
 | ``GET /healthz`` | liveness + store reachability, spool and queue figures |
 | ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=`` |
 | ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&limit=``) |
+| ``GET /api/v1/sessions`` | trials grouped by conversation id (sessions spanning several traces) |
 | ``GET /api/v1/spans`` | stored span counts (``?keys=true`` or ``?trace_id=`` adds the (trace, span) ids) |
 | ``POST /api/v1/outcomes`` | a (possibly late) outcome for a trial or trace: re-scores its group |
 | ``POST /api/v1/flush`` | finalize every open trace now and rescore (operators, tests, the demo) |
@@ -69,7 +70,9 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
-    def healthz() -> dict:
+    def healthz(response: Response) -> dict:
+        if not pipeline.ready:
+            response.status_code = 503
         return {"status": "ok" if pipeline.ready else "starting", "store": pipeline.store.dsn.split("@")[-1],
                 "spool_pending_records": pipeline.spool.pending_records,
                 "queue_depth": pipeline.queue_depth, "last_error": pipeline._last_error}
@@ -89,6 +92,24 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         return {"trials": [trial_to_dict(t) for t in rows[:limit]], "total": len(rows)}
+
+    @app.get("/api/v1/sessions", dependencies=[Depends(auth)])
+    async def sessions_(agent: str | None = None, version: str | None = None,
+                        run_kind: str | None = None) -> dict:
+        from relyscope.trajectory import sessions
+
+        try:
+            rows = await run_in_threadpool(pipeline.store.load_trials, agent=agent, version=version, run_kind=run_kind)
+        except StoreUnavailable as e:
+            raise HTTPException(503, str(e)) from e
+        out = []
+        for cid, ts in sessions(rows).items():
+            out.append({"conversation_id": cid, "n_trials": len(ts), "start_ns": ts[0].start_ns,
+                        "end_ns": max(t.end_ns for t in ts),
+                        "trials": [{"trial_id": t.trial_id, "trace_id": t.trace_id, "agent": t.agent_name,
+                                    "status": t.status, "outcome": t.outcome, "start_ns": t.start_ns,
+                                    "end_ns": t.end_ns, "actions": list(t.actions)} for t in ts]})
+        return {"sessions": out, "total": len(out)}
 
     @app.get("/api/v1/spans", dependencies=[Depends(auth)])
     async def spans(trace_id: str | None = None, keys: bool = False) -> dict:

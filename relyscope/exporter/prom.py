@@ -11,7 +11,7 @@ Reliability gauges are built at scrape time from the latest group scores:
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
-``relyscope_spool_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
+``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
 ``relyscope_backpressure_total``. No task, trial or trace id is ever a label.
@@ -77,6 +77,7 @@ class _ReliabilityCollector(Collector):
         yield CounterMetricFamily("relyscope_store_write_errors", "Failed ClickHouse writes", value=s.store_errors)
         yield CounterMetricFamily("relyscope_backpressure", "Requests refused because the spool was full", value=s.backpressure)
         yield GaugeMetricFamily("relyscope_spool_bytes", "Bytes in the durable spool", value=p.spool.bytes_used)
+        yield GaugeMetricFamily("relyscope_spool_max_bytes", "Capacity of the durable spool", value=p.settings.spool_max_bytes)
         yield GaugeMetricFamily("relyscope_spool_pending_records", "Spool records not yet committed", value=p.spool.pending_records)
         yield GaugeMetricFamily("relyscope_spool_oldest_age_seconds", "Age of the oldest uncommitted spool record", value=p.spool.oldest_pending_age_s)
         yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
