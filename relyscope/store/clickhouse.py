@@ -272,13 +272,15 @@ class Store:
 
         ``verifier=True``: the application's own environment check (metrics.md §6 item 1, wins over
         the span); else a delayed outcome (item 2, fills in only an unknown outcome)."""
-        self._insert("outcomes", [[key, key_kind, outcome, score, source, 1 if verifier else 2, time.time()]],
+        self._insert("outcomes", [[key, key_kind, outcome, score, source, 1 if verifier else 2, _utcnow()]],
                      ["key", "key_kind", "outcome", "score", "source", "precedence", "posted_at"])
 
     def insert_scores(self, rows: list[dict]) -> None:
-        """Store score rows (dicts with the ``scores`` columns)."""
+        """Store score rows (dicts with the ``scores`` columns; times as Unix seconds or datetimes)."""
         if not rows:
             return
+        rows = [{k: (_dt(v) if k in ("window_start", "window_end", "computed_at") else v) for k, v in r.items()}
+                for r in rows]
         cols = list(rows[0])
         self._insert("scores", [[r[c] for c in cols] for r in rows], cols)
 
@@ -371,6 +373,27 @@ class Store:
                 t = dataclasses.replace(t, outcome=p[0], outcome_score=p[1], outcome_source=p[2])
             out.append(t)
         return out
+
+
+def _utcnow():
+    import datetime as _d
+
+    return _d.datetime.now(_d.timezone.utc)
+
+
+def _dt(v: Any):
+    import datetime as _d
+
+    if isinstance(v, (int, float)):
+        return _d.datetime.fromtimestamp(v, _d.timezone.utc)
+    return v
+
+
+def latest_scores_sql() -> str:
+    """Latest value of every (formula set, group, metric) in the ``scores`` table."""
+    return ("SELECT formula_set, agent, version, run_kind, metric, argMax(value, computed_at), "
+            "argMax(ci_low, computed_at), argMax(ci_high, computed_at), argMax(n_tasks, computed_at) "
+            "FROM {db}.scores GROUP BY formula_set, agent, version, run_kind, metric")
 
 
 def _ns(dt: Any) -> int:

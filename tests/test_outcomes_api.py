@@ -1,0 +1,69 @@
+"""Issue 5: an outcome posted later to the API re-scores the trial and its group (metrics.md §6)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+TRACE = "{:032x}"
+SPAN = "{:016x}"
+
+
+def _run(i: int, task: str, outcome: str | None) -> dict:
+    attrs = [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+             {"key": "gen_ai.agent.name", "value": {"stringValue": "late-agent"}},
+             {"key": "gen_ai.agent.version", "value": {"stringValue": "1"}},
+             {"key": "relyscope.task.id", "value": {"stringValue": task}}]
+    if outcome:
+        attrs.append({"key": "relyscope.outcome", "value": {"stringValue": outcome}})
+    t0 = 1_760_000_000_000_000_000 + i * 10_000_000_000
+    return {"traceId": TRACE.format(i + 1), "spanId": SPAN.format(i + 1), "name": "invoke_agent late-agent",
+            "kind": 1, "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t0 + 1_000_000_000),
+            "attributes": attrs}
+
+
+def test_late_outcome_changes_success_and_pass_hat_k(sidecar):
+    # task A: success, success; task B: failure, unknown (outcome arrives later)
+    spans = [_run(0, "A", "success"), _run(1, "A", "success"), _run(2, "B", "failure"), _run(3, "B", None)]
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+    r = httpx.post(sidecar.otlp_http + "/v1/traces", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    sidecar.flush()
+    g = [g for g in sidecar.report()["groups"] if g["agent"] == "late-agent"][0]
+    # known outcomes only: A 2/2, B 0/1 → pass^1 = (1 + 0)/2; pass^2 only over tasks with n ≥ 2: A → 1
+    assert g["metrics"]["pass^1"]["value"] == 0.5
+    assert g["metrics"]["pass^2"]["value"] == 1.0
+    assert g["metrics"]["pass^2"]["n_tasks"] == 1
+
+    # the outcome for the 4th run arrives "hours later", keyed by trace id
+    r = sidecar.post("/api/v1/outcomes", json={"trace_id": TRACE.format(4), "success": True, "source": "user_feedback"})
+    assert r.status_code == 200, r.text
+    g = [g for g in sidecar.report()["groups"] if g["agent"] == "late-agent"][0]
+    # B now 1/2: pass^1 = (1 + 0.5)/2 = 0.75; pass^2 = (1 + 0)/2 = 0.5
+    assert g["metrics"]["pass^1"]["value"] == 0.75
+    assert g["metrics"]["pass^2"]["value"] == 0.5
+    trial = [t for t in sidecar.trials(agent="late-agent") if t["trace_id"] == TRACE.format(4)][0]
+    assert trial["outcome"] == "success" and trial["outcome_source"] == "user_feedback"
+
+    # a delayed (non-verifier) outcome never overrides the span's verified one (§6 precedence) ...
+    r = sidecar.post("/api/v1/outcomes", json={"trace_id": TRACE.format(1), "success": False, "source": "survey"})
+    assert r.status_code == 200
+    g = [g for g in sidecar.report()["groups"] if g["agent"] == "late-agent"][0]
+    assert g["metrics"]["pass^1"]["value"] == 0.75
+    # ... but the application's own verifier posting through the API does (§6 item 1)
+    trial_id = [t for t in sidecar.trials(agent="late-agent") if t["trace_id"] == TRACE.format(1)][0]["trial_id"]
+    r = sidecar.post("/api/v1/outcomes", json={"trial_id": trial_id, "success": False, "source": "db_state",
+                                               "verifier": True})
+    assert r.status_code == 200
+    g = [g for g in sidecar.report()["groups"] if g["agent"] == "late-agent"][0]
+    # A 1/2, B 1/2 → pass^1 = 0.5, pass^2 = 0
+    assert g["metrics"]["pass^1"]["value"] == 0.5
+    assert g["metrics"]["pass^2"]["value"] == 0.0
+
+
+def test_outcome_api_rejects_bad_bodies(sidecar):
+    for bad in ({"success": True}, {"trace_id": "x", "trial_id": "y", "success": True},
+                {"trace_id": "x"}, {"trace_id": "x", "success": True, "score": 2}):
+        r = sidecar.post("/api/v1/outcomes", json=bad)
+        assert r.status_code == 422, (bad, r.text)
