@@ -57,20 +57,33 @@ def render_report(rep: dict, console: Console) -> None:
             if not first:
                 t.add_section()
         console.print(t)
-        for key in ("violations", "attribution", "worst_tasks"):
-            if g.get(key):
-                _render_extra(console, key, g[key])
+        _render_sections(console, g)
 
 
-def _render_extra(console: Console, key: str, rows) -> None:
-    if isinstance(rows, dict):
-        rows = [{"name": k, "count": v} for k, v in rows.items()]
+def _table(console: Console, title: str, rows: list[dict]) -> None:
     if not rows:
         return
-    t = Table(title=key.replace("_", " "), title_justify="left")
+    t = Table(title=title, title_justify="left")
     cols = list(rows[0].keys())
     for c in cols:
-        t.add_column(c)
+        t.add_column(c.replace("_", " "))
     for r in rows:
-        t.add_row(*[str(r.get(c, "")) for c in cols])
+        t.add_row(*["—" if r.get(c) is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else
+                    ", ".join(map(str, r[c])) if isinstance(r[c], list) else str(r[c])) for c in cols])
     console.print(t)
+
+
+def _render_sections(console: Console, g: dict) -> None:
+    """Safety violations, failure attribution, control rates and the worst tasks of one group."""
+    _table(console, "policy violations (by rule and severity)", g.get("violations") or [])
+    if g.get("hard_gate_failures"):
+        console.print(f"[bold red]hard-gate failures: {g['hard_gate_failures']} trials[/bold red]")
+    att = g.get("attribution")
+    if att:
+        rows = [{"measure": k, "value": v} for k, v in att.items() if k != "by_category"]
+        rows += [{"measure": f"failures attributed to {k}", "value": v} for k, v in att.get("by_category", {}).items()]
+        _table(console, "failure attribution", rows)
+    ctl = g.get("control")
+    if ctl:
+        _table(console, "control decisions", [{"measure": k, "value": v} for k, v in ctl.items()])
+    _table(console, "worst tasks (lowest C_out, most violations)", g.get("worst_tasks") or [])
