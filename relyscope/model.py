@@ -203,8 +203,9 @@ class Step:
 class Trial:
     """One attempt of one agent configuration at one task (metrics.md §1).
 
-    ``status`` is ``complete`` (root seen and ended) or ``incomplete`` (root never arrived; scored
-    for what it has, never mixed into success metrics). ``wall_time_s`` in seconds, ``cost_usd``
+    ``status`` is ``complete`` (root seen and ended), ``incomplete`` (root never arrived; scored
+    for what it has, never mixed into success metrics) or ``superseded`` (a tombstone replacing
+    the row of a provisional trial whose identity changed when its real root arrived; never read). ``wall_time_s`` in seconds, ``cost_usd``
     in USD or None when no span reported cost, token counts are sums over model calls.
     """
 

@@ -223,7 +223,12 @@ class Store:
             with self._lock:
                 if self._client is None:
                     raise StoreUnavailable("store closed")
-                self._client.insert(f"{self.db}.{table}", rows, column_names=cols)
+                try:
+                    self._client.insert(f"{self.db}.{table}", rows, column_names=cols)
+                except UnicodeEncodeError:
+                    # a lone surrogate that slipped past decoding: a permanent error for this
+                    # data, so repair (U+FFFD) and write once more rather than retry forever
+                    self._client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols)
         except StoreUnavailable:
             self.write_errors += 1
             raise
@@ -311,7 +316,7 @@ class Store:
         """``{"spans": distinct stored spans, "rows": rows before dedup merges, "trials": n}``."""
         spans = self.count_spans()
         rows = self.query("SELECT count() FROM {db}.otel_traces")[0][0]
-        trials = self.query("SELECT count() FROM {db}.trials FINAL")[0][0]
+        trials = self.query("SELECT count() FROM {db}.trials FINAL WHERE status != 'superseded'")[0][0]
         return {"spans": spans, "rows": rows, "trials": trials}
 
     def span_keys(self, trace_id: str | None = None) -> list[tuple[str, str]]:
@@ -342,6 +347,7 @@ class Store:
         if until_ns is not None:
             where.append("end_time < fromUnixTimestamp64Nano(%(until)s)")
             params["until"] = until_ns
+        where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
         rows = self.query(sql, params)
@@ -373,6 +379,19 @@ class Store:
                 t = dataclasses.replace(t, outcome=p[0], outcome_score=p[1], outcome_source=p[2])
             out.append(t)
         return out
+
+
+def _scrub(v: Any) -> Any:
+    """Replace unencodable code points (lone surrogates) in every string of a row structure."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(v, list):
+        return [_scrub(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_scrub(x) for x in v)
+    if isinstance(v, dict):
+        return {_scrub(k): _scrub(x) for k, x in v.items()}
+    return v
 
 
 def _utcnow():
