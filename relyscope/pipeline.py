@@ -1,18 +1,30 @@
 """The sidecar's data path, wired once: receive → spool → normalize → assemble → store → score.
 
 ``Pipeline.accept`` is called by both OTLP receivers. It decodes and validates the request (reply
-details for partial success), appends the request body to the durable spool, and only then
-returns — so an acknowledged span is on disk. One worker thread takes batches in spool order,
-normalizes the spans, stores them, feeds the trajectory builder, stores finalized trials, and
-commits the spool up to the last record whose traces are all finalized. On start, whatever the spool
-still holds is replayed; duplicates are harmless (spans and trials are keyed, ReplacingMergeTree).
+details for partial success), appends the decompressed request body to the durable spool, and only
+then returns — so an acknowledged span is on disk (``fdatasync``-ed). The decoded batch is also kept
+in a bounded in-memory queue (``queue_max_batches``) so the worker need not decode it again; a batch
+that did not fit, or one replayed after a restart, is re-read from the spool.
+
+One worker thread takes batches in spool order, normalizes the spans, stores them, feeds the
+trajectory builder, stores finalized trials, and commits the spool up to the last record all of
+whose traces are finalized *and* whose trials are stored (a trial that could not be written keeps
+its trace's records uncommitted and is retried). A store outage never blocks ``accept``: the spool
+keeps growing (``SpoolFull`` → :class:`Backpressure` when it is full) and drains when the store
+returns.
+
+On start, whatever the spool still holds is replayed. Duplicates are harmless (spans and trials
+are keyed, ReplacingMergeTree). A replayed record may hold only the *late* spans of a trace whose
+earlier records were committed before the crash; the trace is then completed from the spans the
+store already holds (:func:`load_stored_spans`) before it is re-assembled, so it yields the same
+trial (same id) rather than a partial one.
 
 A scorer thread recomputes the scores of groups (agent, version, run kind) whose trials changed,
 every ``score_interval_s``, stores them and hands them to the gauges.
 
 Errors: :class:`Backpressure` (retryable: spool full) and
-:class:`relyscope.collector.otlp.OTLPRequestError` (permanent: the request is unusable) are raised to
-the receivers, which map them to OTLP status codes.
+:class:`relyscope.collector.otlp.OTLPRequestError` (permanent: the request is unusable, or larger
+than the whole spool) are raised to the receivers, which map them to OTLP status codes.
 """
 
 from __future__ import annotations
@@ -23,19 +35,19 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from relyscope.collector import redaction
 from relyscope.collector.normalize import normalize
 from relyscope.collector.otlp import DecodeResult, Limits, OTLPRequestError, decode_http
 from relyscope.collector.otlp import _decompress as decompress  # TODO: public name
-from relyscope.collector.spool import Spool, SpoolFull
+from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
-from relyscope.model import Trial
+from relyscope.model import CanonicalSpan, SpanEvent, Trial
 from relyscope.scorers.profile import GroupScore, score_group
 from relyscope.store import Store, StoreUnavailable
 
-__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey"]
+__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "load_stored_spans", "spool_segment_bytes"]
 
 log = logging.getLogger("relyscope.pipeline")
 
@@ -44,6 +56,9 @@ GroupKey = tuple[str, str, str]  # (agent, version, run_kind)
 # spool record: 1 tag byte + body. The tag says how to decode it again on replay.
 _TAG_PROTO = b"P"
 _TAG_JSON = b"J"
+
+_STORE_RETRY_S = 0.5  # pause before retrying a failed store write (worker thread only)
+_MAX_SEGMENT_BYTES = 64 << 20
 
 
 class Backpressure(Exception):
@@ -80,11 +95,24 @@ def reason_of(message: str) -> str:
     return "invalid_span"
 
 
+def spool_segment_bytes(settings: Settings) -> int:
+    """Segment size of the spool, bytes: ``settings.spool_segment_bytes`` when that setting exists
+    and is set, else ``min(64 MiB, spool_max_bytes // 8)`` — the spool frees space per whole
+    segment, so a cap of several segments keeps a full spool from being one undeletable segment.
+    Always within ``(HEADER_SIZE, spool_max_bytes]`` as :class:`Spool` requires."""
+    cap = settings.spool_max_bytes
+    explicit = getattr(settings, "spool_segment_bytes", None)
+    size = explicit if explicit else min(_MAX_SEGMENT_BYTES, cap // 8)
+    return max(HEADER_SIZE + 1, min(int(size), cap))
+
+
 class Pipeline:
     """Owns the spool, the worker and scorer threads, the trajectory builder and the latest scores.
 
-    Thread-safety: ``accept`` is safe from any thread (receivers call it concurrently); the builder
-    is touched only by the worker thread.
+    Thread-safety: ``accept`` is safe from any thread (receivers call it concurrently) and never
+    waits for the store; the builder, the pending trials and the record→traces list are touched
+    only by the worker thread. ``self._cv`` guards ``_mem``, ``_next_seq`` and the flush counters;
+    it is never held across a store call or a spool append.
     """
 
     def __init__(self, settings: Settings, store: Store, *, clock: Callable[[], float] = time.monotonic):
@@ -98,7 +126,8 @@ class Pipeline:
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
         spool_dir = settings.spool_dir or _default_spool_dir(store.dsn)
-        self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes)
+        self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
+                           segment_bytes=spool_segment_bytes(settings))
         self.builder = TrajectoryBuilder(grace_s=settings.grace_period_s,
                                          root_timeout_s=settings.root_timeout_s)
         self.stats = Stats()
@@ -106,13 +135,21 @@ class Pipeline:
         self._dirty_groups: set[GroupKey] = set()
         self._cv = threading.Condition()
         self._mem: collections.OrderedDict[int, DecodeResult] = collections.OrderedDict()
-        self._next_seq: int | None = None  # next spool sequence the worker processes
-        self._record_traces: collections.deque[tuple[int, set[str]]] = collections.deque()
+        # next spool sequence the worker processes; everything committed is done
+        self._next_seq: int = self.spool.committed_seq + 1
+        # records already in the spool when it was opened are a replay (see _rehydrate)
+        self._replay_until: int = self.spool.last_seq
+        self._rehydrated: set[str] = set()
+        self._record_traces: collections.deque[tuple[int, frozenset[str]]] = collections.deque()
+        self._pending_trials: list[Trial] = []  # finalized, not yet stored (store down)
+        self._retry_at = 0.0  # monotonic time before which the worker does not retry the store
+        self._store_failing = False
         self._stop = threading.Event()
         self._flush_req = 0
         self._flush_done = 0
         self._threads: list[threading.Thread] = []
         self._score_lock = threading.Lock()
+        self._rescore_lock = threading.Lock()
         self._last_error: str | None = None
         self.ready = False
         self._open_traces = 0
@@ -120,10 +157,9 @@ class Pipeline:
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Replay the spool, then start the worker and scorer threads."""
+        """Start the worker (which first replays what the spool holds) and the scorer thread."""
         if self.spool.pending_records:
             log.info("replaying %d spooled batches", self.spool.pending_records)
-            self._next_seq = self.spool.committed_seq + 1
         for target, name in ((self._work_loop, "relyscope-worker"), (self._score_loop, "relyscope-scorer")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -131,15 +167,21 @@ class Pipeline:
         self.ready = True
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stop threads after draining what is queued; close the spool. Idempotent."""
+        """Stop after storing what is queued (at most ``timeout_s``; at once while the store is
+        failing — the spool keeps everything uncommitted for the next start); close the spool.
+        Open traces are not finalized: their records stay in the spool and are replayed.
+        Idempotent."""
         if self._stop.is_set():
             return
-        try:
-            self.flush(timeout_s=timeout_s, finalize=False)
-        except Exception:  # noqa: BLE001 - shutting down anyway; the spool keeps the data
-            log.exception("flush at shutdown failed")
-        self._stop.set()
+        deadline = time.monotonic() + timeout_s
         with self._cv:
+            while not self._queue_empty() and not self._store_failing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    log.warning("shutdown: %d batches left in the spool for the next start", self.queue_depth)
+                    break
+                self._cv.wait(timeout=min(remaining, 0.2))
+            self._stop.set()
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout_s)
@@ -148,8 +190,7 @@ class Pipeline:
     @property
     def queue_depth(self) -> int:
         """Spooled batches not yet processed by the worker."""
-        nxt = self._next_seq
-        return 0 if nxt is None else max(0, self.spool.last_seq - nxt + 1)
+        return max(0, self.spool.last_seq - self._next_seq + 1)
 
     @property
     def open_traces(self) -> int:
@@ -160,8 +201,11 @@ class Pipeline:
     def accept(self, body: bytes, content_type: str | None, content_encoding: str | None = None) -> DecodeResult:
         """Decode, validate and durably spool one OTLP/HTTP or OTLP/gRPC (protobuf) request.
 
-        Returns the decode result (rejected spans and reasons for the partial-success reply).
-        Raises OTLPRequestError (permanent) or Backpressure (retryable). Safe from any thread.
+        Returns the decode result (rejected spans and reasons for the partial-success reply) once
+        the request is in the spool. Raises OTLPRequestError (permanent; 413 when the request
+        alone exceeds ``spool_max_bytes``) or Backpressure (retryable: spool full, or shutting
+        down); an OSError from the spool (disk) propagates. Safe from any thread; never waits
+        for the store.
         """
         body = decompress(body, content_encoding, self.limits)
         result = decode_http(body, content_type, None, self.limits)
@@ -175,15 +219,21 @@ class Pipeline:
         is_json = (content_type or "").split(";")[0].strip().lower() == "application/json"
         # spool the decompressed body, so replay needs no decompression
         payload = (_TAG_JSON if is_json else _TAG_PROTO) + body
+        if HEADER_SIZE + len(payload) > self.settings.spool_max_bytes:
+            raise OTLPRequestError(
+                f"request of {len(body)} bytes can never fit in the spool (spool_max_bytes "
+                f"{self.settings.spool_max_bytes})", 413, "INVALID_ARGUMENT")
+        # outside self._cv: concurrent appends share one fdatasync (the spool's group commit)
+        try:
+            seq = self.spool.append(payload)
+        except SpoolFull:
+            self.stats.backpressure += 1
+            raise Backpressure("spool full") from None
+        except ValueError:  # the spool is closed: shutting down
+            raise Backpressure("shutting down") from None
         with self._cv:
-            try:
-                seq = self.spool.append(payload)
-            except SpoolFull:
-                self.stats.backpressure += 1
-                raise Backpressure("spool full") from None
-            if self._next_seq is None:
-                self._next_seq = seq
-            if len(self._mem) < self.settings.queue_max_batches:
+            # the worker may have read this record from the spool already: cache only if not
+            if seq >= self._next_seq and len(self._mem) < self.settings.queue_max_batches:
                 self._mem[seq] = result
             self.stats.accepted += len(result.spans)
             self._cv.notify_all()
@@ -194,13 +244,17 @@ class Pipeline:
         """Next batch in spool order, from memory or re-read from the spool."""
         with self._cv:
             seq = self._next_seq
-            if seq is None:
-                return None
             res = self._mem.pop(seq, None)
             if res is not None:
                 return seq, res
+        last = self.spool.last_seq
+        if seq > last:
+            return None
         recs = self.spool.read_from(seq, max_records=1)
         if not recs:
+            # every record in [seq, last] is unreadable (corrupt: counted by the spool) or gone
+            log.warning("spool records %d..%d unreadable; skipped", seq, last)
+            self._advance(last)
             return None
         rseq, payload = recs[0]
         tag, body = payload[:1], payload[1:]
@@ -209,9 +263,15 @@ class Pipeline:
                               None, self.limits)
         except OTLPRequestError:
             res = DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
-        with self._cv:
-            self._mem.pop(rseq, None)
         return rseq, res
+
+    def _advance(self, seq: int) -> None:
+        """Mark every record up to ``seq`` as processed by the worker."""
+        with self._cv:
+            if seq >= self._next_seq:
+                self._next_seq = seq + 1
+            self._mem.pop(seq, None)  # cached by an accept racing the spool re-read
+            self._cv.notify_all()
 
     def _work_loop(self) -> None:
         while not self._stop.is_set():
@@ -220,20 +280,46 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - a stage boundary: log, keep running
                 log.exception("worker iteration failed")
                 did = False
-                time.sleep(0.5)
-            if not did:
+                self._stop.wait(_STORE_RETRY_S)
+            if did:
+                continue
+            with self._cv:
+                want = self._flush_req
+                flushing = want != self._flush_done and self._queue_empty()
+            if flushing:  # finalize outside the lock: the store may be slow or down
+                try:
+                    ok = self._finalize_all()
+                except Exception:  # noqa: BLE001
+                    log.exception("flush failed")
+                    ok = False
                 with self._cv:
-                    if self._flush_req != self._flush_done and self._queue_empty():
-                        self._finalize_all()
-                        self._flush_done = self._flush_req
-                        self._cv.notify_all()
-                        continue
+                    if ok:
+                        self._flush_done = max(self._flush_done, want)
+                    self._cv.notify_all()
+                if ok:
+                    continue
+            with self._cv:
+                if not self._stop.is_set():
                     self._cv.wait(timeout=0.2)
 
     def _queue_empty(self) -> bool:
-        return self._next_seq is None or self._next_seq > self.spool.last_seq
+        return self._next_seq > self.spool.last_seq
+
+    def _store_error(self, e: Exception) -> None:
+        self.stats.store_errors += 1
+        self._last_error = str(e)
+        self._store_failing = True
+        self._retry_at = time.monotonic() + _STORE_RETRY_S
+        with self._cv:
+            self._cv.notify_all()  # a draining shutdown stops waiting
+
+    def _store_ok(self) -> None:
+        self._store_failing = False
 
     def _work_once(self) -> bool:
+        """Process at most one batch, finalize what is due, commit. True if a batch was stored."""
+        if time.monotonic() < self._retry_at:
+            return False  # the store failed a moment ago
         now = self.clock()
         took = self._take() if not self._queue_empty() else None
         did = False
@@ -241,68 +327,97 @@ class Pipeline:
             seq, res = took
             spans = [self.redactor.apply(s) for s in res.spans]
             try:
+                prior, asked = self._rehydrate(seq, spans)
                 self.store.insert_spans(spans)
             except StoreUnavailable as e:
-                self.stats.store_errors += 1
-                self._last_error = str(e)
+                self._store_error(e)
                 with self._cv:
                     self._mem[seq] = res  # retry the same batch later; the spool still holds it
                     self._mem.move_to_end(seq, last=False)
-                time.sleep(0.5)
                 return False
+            self._store_ok()
             self.stats.store_write_seconds.append(self.store.last_write_s)
+            if prior:  # spans of committed records, so the trace is assembled whole
+                self.builder.add(((s, normalize(s)) for s in prior), now)
+            self._rehydrated |= asked
             new = self.builder.add(((s, normalize(s)) for s in spans), now)
             self.stats.deduplicated += len(spans) - new
-            self._record_traces.append((seq, {s.trace_id for s in spans}))
-            with self._cv:
-                self._next_seq = seq + 1
+            self._record_traces.append((seq, frozenset(s.trace_id for s in spans)))
+            self._advance(seq)
+            if self._rehydrated and self._next_seq > self._replay_until:
+                self._rehydrated = set()  # replay done
             did = True
-        self._emit(self.builder.poll(now))
+        stored = self._emit(self.builder.poll(now))
         self._commit_spool()
         self._open_traces = self.builder.open_traces
-        return did
+        return did and stored
 
-    def _emit(self, trials: list[Trial]) -> None:
-        if not trials:
-            return
-        while True:
-            try:
-                self.store.insert_trials(trials)
-                break
-            except StoreUnavailable as e:
-                self.stats.store_errors += 1
-                self._last_error = str(e)
-                if self._stop.is_set():
-                    return
-                time.sleep(0.5)
-        self.stats.trials_finalized += len(trials)
+    def _rehydrate(self, seq: int, spans: list[CanonicalSpan]) -> tuple[list[CanonicalSpan], set[str]]:
+        """For a replayed record: the stored spans of its traces not seen since this start (they
+        may belong to records committed before a crash). Raises StoreUnavailable."""
+        if seq > self._replay_until or not spans:
+            return [], set()
+        ask = {s.trace_id for s in spans} - self._rehydrated
+        if not ask:
+            return [], set()
+        have = {s.key for s in spans}
+        return [s for s in load_stored_spans(self.store, ask) if s.key not in have], ask
+
+    def _emit(self, trials: list[Trial]) -> bool:
+        """Store finalized trials (with any earlier ones the store refused). False while the store
+        refuses them; they are kept and retried, and their traces' records stay uncommitted."""
+        self._pending_trials.extend(trials)
+        if not self._pending_trials:
+            return True
+        if time.monotonic() < self._retry_at:
+            return False
+        try:
+            self.store.insert_trials(self._pending_trials)
+        except StoreUnavailable as e:
+            self._store_error(e)
+            return False
+        self._store_ok()
+        stored, self._pending_trials = self._pending_trials, []
+        self.stats.trials_finalized += len(stored)
         with self._score_lock:
-            self._dirty_groups.update((t.agent_name, t.agent_version, t.run_kind) for t in trials)
+            self._dirty_groups.update((t.agent_name, t.agent_version, t.run_kind) for t in stored)
+        return True
 
     def _commit_spool(self) -> None:
-        """Commit spool records whose traces are all finalized (then a crash cannot lose them)."""
-        open_ids = self.builder.open_trace_ids()
-        last = None
-        while self._record_traces and not (self._record_traces[0][1] & open_ids):
-            last = self._record_traces.popleft()[0]
-        if last is not None:
-            self.spool.commit(last)
+        """Commit the longest prefix of processed records none of whose traces is open or has a
+        trial waiting to be stored (then a crash cannot lose them)."""
+        blocked = set(self.builder.open_trace_ids())
+        blocked.update(t.trace_id for t in self._pending_trials)
+        last, n = None, 0
+        for seq, tids in self._record_traces:
+            if not tids.isdisjoint(blocked):
+                break
+            last, n = seq, n + 1
+        if last is None:
+            return
+        self.spool.commit(last)  # OSError: nothing popped, retried on the next pass
+        for _ in range(n):
+            self._record_traces.popleft()
 
-    def _finalize_all(self) -> None:
-        self._emit(self.builder.flush(self.clock()))
+    def _finalize_all(self) -> bool:
+        stored = self._emit(self.builder.flush(self.clock()))
         self._commit_spool()
+        self._open_traces = self.builder.open_traces
+        return stored
 
     # ---- flush / scoring ------------------------------------------------------------------------
     def flush(self, timeout_s: float = 30.0, *, finalize: bool = True) -> bool:
         """Wait until everything accepted so far is stored; with ``finalize`` also finalize every
-        open trace now (no grace wait) and rescore. Returns False on timeout."""
+        open trace now (no grace wait), store the trials and rescore. Returns False on timeout
+        (e.g. while the store is down)."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
             if not finalize:
                 while not self._queue_empty():
-                    if not self._cv.wait(timeout=max(0.0, deadline - time.monotonic())):
-                        if time.monotonic() >= deadline:
-                            return False
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._cv.wait(timeout=remaining)
                 return True
             self._flush_req += 1
             want = self._flush_req
@@ -327,28 +442,79 @@ class Pipeline:
         return {g: self._extras[g] for g in scores if g in self._extras}
 
     def rescore(self, *, all_groups: bool = False) -> dict[GroupKey, GroupScore]:
-        """Recompute scores of changed groups (or all) from the store; store and publish them."""
+        """Recompute scores of changed groups (or all) from the store; store and publish them.
+
+        Serialized: two overlapping rescores (the scorer thread and a flush) could otherwise
+        publish in the wrong order, the older snapshot of the trials overwriting the newer."""
+        with self._rescore_lock:
+            return self._rescore(all_groups)
+
+    def _rescore(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
         with self._score_lock:
             groups = set(self._dirty_groups)
             self._dirty_groups.clear()
-        trials = self.store.load_trials()
+        try:
+            trials = self.store.load_trials()
+        except Exception:
+            with self._score_lock:  # try these groups again next time
+                self._dirty_groups.update(groups)
+            raise
         by_group: dict[GroupKey, list[Trial]] = collections.defaultdict(list)
         for t in trials:
             by_group[(t.agent_name, t.agent_version, t.run_kind)].append(t)
         if all_groups:
             groups = set(by_group)
         rows = []
+        scores = dict(self.scores)
         for g in groups:
             if g not in by_group:
                 continue
             gs = score_group(by_group[g], n_boot=self.settings.n_boot, seed=0)
-            self.scores[g] = gs
+            scores[g] = gs
             rows += score_rows(g, gs, by_group[g], n_boot=self.settings.n_boot)
+        self.scores = scores  # one reference swap: readers never see a dict being changed
         try:
             self.store.insert_scores(rows)
         except StoreUnavailable as e:
             self._last_error = str(e)
         return dict(self.scores)
+
+
+_KIND_CODE = {"Unspecified": 0, "Internal": 1, "Server": 2, "Client": 3, "Producer": 4, "Consumer": 5}
+_STATUS_CODE = {"Unset": 0, "Ok": 1, "Error": 2}
+
+
+def load_stored_spans(store: Store, trace_ids: Iterable[str]) -> list[CanonicalSpan]:
+    """The spans the store holds for ``trace_ids`` (``otel_traces FINAL``), as CanonicalSpans.
+
+    Lossy where the store is: attribute values come back as the strings they were stored as
+    (ints ``"10"``, bools ``"true"``, lists/dicts as JSON; the normalizers accept these), and
+    ``raw_end_ns`` is only known for a span flagged ``missing_end`` (0). Times keep full ns.
+    Raises StoreUnavailable. (Belongs in :mod:`relyscope.store.clickhouse` as ``Store.load_spans``.)
+    """
+    ids = sorted(set(trace_ids))
+    if not ids:
+        return []
+    rows = store.query(
+        "SELECT toUnixTimestamp64Nano(Timestamp), TraceId, SpanId, ParentSpanId, TraceState, SpanName,"
+        " SpanKind, ResourceAttributes, ScopeName, ScopeVersion, SpanAttributes, Duration, StatusCode,"
+        " StatusMessage, arrayMap(x -> toUnixTimestamp64Nano(x), `Events.Timestamp`), `Events.Name`,"
+        " `Events.Attributes`, `Links.TraceId`, `Links.SpanId`, RelyscopeFlags"
+        " FROM {db}.otel_traces FINAL WHERE has(%(ids)s, TraceId)", {"ids": ids})
+    out = []
+    for (start, tid, sid, parent, tstate, name, kind, res, scope, scope_v, attrs, dur, status,
+         status_msg, ev_ts, ev_names, ev_attrs, l_tids, l_sids, flags) in rows:
+        flags = frozenset(flags)
+        out.append(CanonicalSpan(
+            trace_id=tid, span_id=sid, parent_span_id=parent, name=name,
+            kind=_KIND_CODE.get(kind, 0), start_ns=int(start), end_ns=int(start) + int(dur),
+            status_code=_STATUS_CODE.get(status, 0), status_message=status_msg,
+            attributes=dict(attrs), resource=dict(res), scope_name=scope, scope_version=scope_v,
+            events=tuple(SpanEvent(n, int(t), dict(a)) for t, n, a in zip(ev_ts, ev_names, ev_attrs)),
+            links=tuple(zip(l_tids, l_sids)), trace_state=tstate, flags=flags,
+            raw_end_ns=0 if "missing_end" in flags else None,
+        ))
+    return out
 
 
 def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: int) -> list[dict]:
