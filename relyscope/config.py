@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     api: str = Field("127.0.0.1:9464", description="management API (/metrics, /healthz, /api/v1/…)")
     spool_dir: str | None = Field(None, description="durable spool directory (default: <store dir>/../spool or ./.relyscope/spool)")
     spool_max_bytes: int = Field(1 << 30, ge=1 << 16, description="spool capacity; when full, OTLP gets the retryable signal")
+    spool_segment_bytes: int | None = Field(
+        None, ge=4096, description="spool segment size; space is freed per whole segment (default min(64 MiB, spool_max_bytes/8))")
     queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
     max_attributes: int = Field(128, ge=1, description="attributes kept per span (OTel SDK default)")

@@ -44,7 +44,9 @@ from relyscope.collector.otlp import _decompress as decompress  # TODO: public n
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, SpanEvent, Trial
+from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore, score_group
+from relyscope.scorers.review import GroupReview, review_group
 from relyscope.store import Store, StoreUnavailable
 
 __all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "load_stored_spans", "spool_segment_bytes"]
@@ -121,6 +123,8 @@ class Pipeline:
         self.settings = settings
         self.store = store
         self.clock = clock
+        # fail fast on a bad policy file (PolicyError names the file and field)
+        self.policy: Policy | None = load_policy(settings.policy_file) if settings.policy_file else None
         self.limits = Limits(max_body_bytes=settings.max_body_bytes,
                              max_attributes=settings.max_attributes,
                              max_attribute_length=settings.max_attribute_length)
@@ -186,6 +190,11 @@ class Pipeline:
         for t in self._threads:
             t.join(timeout_s)
         self.spool.close()
+
+    @property
+    def last_error(self) -> str | None:
+        """The last store error seen (for /healthz), or None."""
+        return self._last_error
 
     @property
     def queue_depth(self) -> int:
@@ -464,17 +473,22 @@ class Pipeline:
             by_group[(t.agent_name, t.agent_version, t.run_kind)].append(t)
         if all_groups:
             groups = set(by_group)
-        rows = []
+        rows, grade_rows = [], []
         scores = dict(self.scores)
         for g in groups:
             if g not in by_group:
                 continue
-            gs = score_group(by_group[g], n_boot=self.settings.n_boot, seed=0)
+            rv = review_group(by_group[g], self.policy)
+            gs = score_group(by_group[g], severities=rv.severities, invalid=rv.invalid,
+                             n_boot=self.settings.n_boot, seed=0)
             scores[g] = gs
+            self._extras[g] = rv.extras
             rows += score_rows(g, gs, by_group[g], n_boot=self.settings.n_boot)
+            grade_rows += grade_rows_of(g, rv)
         self.scores = scores  # one reference swap: readers never see a dict being changed
         try:
             self.store.insert_scores(rows)
+            self.store.insert_grades(grade_rows)
         except StoreUnavailable as e:
             self._last_error = str(e)
         return dict(self.scores)
@@ -514,6 +528,24 @@ def load_stored_spans(store: Store, trace_ids: Iterable[str]) -> list[CanonicalS
             links=tuple(zip(l_tids, l_sids)), trace_state=tstate, flags=flags,
             raw_end_ns=0 if "missing_end" in flags else None,
         ))
+    return out
+
+
+def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
+    """Rows for the ``grades`` table: one per trial, the grade as JSON, versioned by time."""
+    import dataclasses as _dc
+    import json
+
+    from relyscope.semconv import FORMULA_SET
+
+    now = time.time_ns()
+    out = []
+    for i, (tid, g) in enumerate(sorted(rv.grades.items())):
+        d = _dc.asdict(g)
+        out.append({"trial_id": tid, "agent": group[0], "version": group[1], "run_kind": group[2],
+                    "grade": json.dumps(d, default=str, ensure_ascii=True), "severity": float(g.severity),
+                    "attribution": g.attribution.category.value if g.attribution else "",
+                    "valid": bool(g.valid), "formula_set": FORMULA_SET, "version_ns": now + i})
     return out
 
 

@@ -249,7 +249,8 @@ def demo(
     data_dir.mkdir(parents=True, exist_ok=True)
     s = _settings(store=f"chdb://{data_dir.resolve()}/data", spool_dir=str(data_dir.resolve() / "spool"),
                   otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", api="127.0.0.1:0",
-                  grace_period_s=0.5, score_interval_s=1.0)
+                  grace_period_s=0.5, score_interval_s=1.0,
+                  policy_file=str(Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"))
     t0 = time.monotonic()
     sc = Sidecar(s).start()
     err.print(f"sidecar up: OTLP gRPC 127.0.0.1:{sc.otlp_grpc_port}, OTLP HTTP 127.0.0.1:{sc.otlp_http_port}, "

@@ -69,8 +69,13 @@ def _table(console: Console, title: str, rows: list[dict]) -> None:
         t.add_column(c.replace("_", " "))
     for r in rows:
         t.add_row(*["—" if r.get(c) is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else
-                    ", ".join(map(str, r[c])) if isinstance(r[c], list) else str(r[c])) for c in cols])
+                    _short_list(r[c]) if isinstance(r[c], list) else str(r[c])) for c in cols])
     console.print(t)
+
+
+def _short_list(v: list) -> str:
+    shown = ", ".join(str(x)[:16] for x in v[:2])
+    return shown + (f" (+{len(v) - 2})" if len(v) > 2 else "")
 
 
 def _render_sections(console: Console, g: dict) -> None:

@@ -75,7 +75,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
             response.status_code = 503
         return {"status": "ok" if pipeline.ready else "starting", "store": pipeline.store.dsn.split("@")[-1],
                 "spool_pending_records": pipeline.spool.pending_records,
-                "queue_depth": pipeline.queue_depth, "last_error": pipeline._last_error}
+                "queue_depth": pipeline.queue_depth, "last_error": pipeline.last_error}
 
     @app.get("/api/v1/report", dependencies=[Depends(auth)])
     def report(agent: str | None = None, version: str | None = None, run_kind: str | None = None) -> dict:
