@@ -240,6 +240,7 @@ class Trial:
     perturbation_strength: str | None = None
     revision: int = 1  # bumped on re-finalization after late spans
     span_count: int = 0
+    evaluations: tuple[Evaluation, ...] = ()  # gen_ai.evaluation.result events of the trial's spans
 
     @property
     def wall_time_s(self) -> float:

@@ -1,10 +1,13 @@
 """The sidecar's data path, wired once: receive → spool → normalize → assemble → store → score.
 
-``Pipeline.accept`` is called by both OTLP receivers. It decodes and validates the request (reply
-details for partial success), appends the decompressed request body to the durable spool, and only
-then returns — so an acknowledged span is on disk (``fdatasync``-ed). The decoded batch is also kept
-in a bounded in-memory queue (``queue_max_batches``) so the worker need not decode it again; a batch
-that did not fit, or one replayed after a restart, is re-read from the spool.
+``Pipeline.accept`` is called by both OTLP receivers. It validates the request
+(:func:`relyscope.collector.otlp.validate_http`: the reply details for partial success, equal to
+what a full decode would answer, without building spans), appends the decompressed request body to
+the durable spool, and only then returns — so an acknowledged span is on disk (``fdatasync``-ed).
+The body (or, for OTLP/JSON, whose validation is the full decode, the decoded batch) is also kept
+in a bounded in-memory queue (``queue_max_batches`` batches, ``_MEM_MAX_BYTES`` of bodies) so the
+worker need not re-read it; the worker decodes protobuf bodies itself. A batch that did not fit,
+or one replayed after a restart, is re-read from the spool.
 
 One worker thread takes batches in spool order, normalizes the spans, stores them, feeds the
 trajectory builder, stores finalized trials, and commits the spool up to the last record all of
@@ -39,11 +42,19 @@ from typing import Callable, Iterable
 
 from relyscope.collector import redaction
 from relyscope.collector.normalize import normalize
-from relyscope.collector.otlp import DecodeResult, Limits, OTLPRequestError, decode_http
+from relyscope.collector.otlp import (
+    DecodeResult,
+    Limits,
+    OTLPRequestError,
+    Validation,
+    decode_http,
+    validate_http,
+)
 from relyscope.collector.otlp import _decompress as decompress  # TODO: public name
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, SpanEvent, Trial
+from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore, score_group
 from relyscope.scorers.review import GroupReview, review_group
@@ -61,6 +72,7 @@ _TAG_JSON = b"J"
 
 _STORE_RETRY_S = 0.5  # pause before retrying a failed store write (worker thread only)
 _MAX_SEGMENT_BYTES = 64 << 20
+_MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyond: re-read)
 
 
 class Backpressure(Exception):
@@ -138,7 +150,9 @@ class Pipeline:
         self.scores: dict[GroupKey, GroupScore] = {}
         self._dirty_groups: set[GroupKey] = set()
         self._cv = threading.Condition()
-        self._mem: collections.OrderedDict[int, DecodeResult] = collections.OrderedDict()
+        # seq -> decoded batch (JSON, or a batch the store refused) or spool payload (protobuf)
+        self._mem: collections.OrderedDict[int, DecodeResult | bytes] = collections.OrderedDict()
+        self._mem_bytes = 0  # bytes of the payloads in _mem
         # next spool sequence the worker processes; everything committed is done
         self._next_seq: int = self.spool.committed_seq + 1
         # records already in the spool when it was opened are a replay (see _rehydrate)
@@ -207,25 +221,26 @@ class Pipeline:
         return self._open_traces
 
     # ---- receiving ------------------------------------------------------------------------------
-    def accept(self, body: bytes, content_type: str | None, content_encoding: str | None = None) -> DecodeResult:
-        """Decode, validate and durably spool one OTLP/HTTP or OTLP/gRPC (protobuf) request.
+    def accept(self, body: bytes, content_type: str | None, content_encoding: str | None = None) -> Validation:
+        """Validate and durably spool one OTLP/HTTP or OTLP/gRPC (protobuf) request.
 
-        Returns the decode result (rejected spans and reasons for the partial-success reply) once
-        the request is in the spool. Raises OTLPRequestError (permanent; 413 when the request
-        alone exceeds ``spool_max_bytes``) or Backpressure (retryable: spool full, or shutting
-        down); an OSError from the spool (disk) propagates. Safe from any thread; never waits
-        for the store.
+        Returns the :class:`~relyscope.collector.otlp.Validation` (accepted / rejected counts and
+        reasons for the partial-success reply; equal to what ``decode_http`` answers) once the
+        request is in the spool; the spans are decoded by the worker. Raises OTLPRequestError
+        (permanent; 413 when the request alone exceeds ``spool_max_bytes``) or Backpressure
+        (retryable: spool full, or shutting down); an OSError from the spool (disk) propagates.
+        Safe from any thread; never waits for the store.
         """
         body = decompress(body, content_encoding, self.limits)
-        result = decode_http(body, content_type, None, self.limits)
-        n_total = len(result.spans) + result.rejected
-        self.stats.received += n_total
+        result = validate_http(body, content_type, None, self.limits)
+        self.stats.received += result.accepted + result.rejected
         for msg in result.errors:
             self.stats.rejected[reason_of(msg)] += 1
-        self.stats.warnings.update(result.warnings)
-        if not result.spans:
+        if result.decoded is not None:  # JSON: decoded already; protobuf warnings: by the worker
+            self.stats.warnings.update(result.decoded.warnings)
+        if not result.accepted:
             return result
-        is_json = (content_type or "").split(";")[0].strip().lower() == "application/json"
+        is_json = result.decoded is not None
         # spool the decompressed body, so replay needs no decompression
         payload = (_TAG_JSON if is_json else _TAG_PROTO) + body
         if HEADER_SIZE + len(payload) > self.settings.spool_max_bytes:
@@ -243,19 +258,27 @@ class Pipeline:
         with self._cv:
             # the worker may have read this record from the spool already: cache only if not
             if seq >= self._next_seq and len(self._mem) < self.settings.queue_max_batches:
-                self._mem[seq] = result
-            self.stats.accepted += len(result.spans)
+                if is_json:
+                    self._mem[seq] = result.decoded
+                elif self._mem_bytes + len(payload) <= _MEM_MAX_BYTES:
+                    self._mem[seq] = payload
+                    self._mem_bytes += len(payload)
+            self.stats.accepted += result.accepted
             self._cv.notify_all()
         return result
 
     # ---- worker ---------------------------------------------------------------------------------
     def _take(self) -> tuple[int, DecodeResult] | None:
-        """Next batch in spool order, from memory or re-read from the spool."""
+        """Next batch in spool order, decoded: from memory, or re-read from the spool."""
         with self._cv:
             seq = self._next_seq
             res = self._mem.pop(seq, None)
-            if res is not None:
-                return seq, res
+            if isinstance(res, bytes):
+                self._mem_bytes -= len(res)
+        if isinstance(res, DecodeResult):
+            return seq, res
+        if res is not None:
+            return seq, self._decode_record(seq, res)
         last = self.spool.last_seq
         if seq > last:
             return None
@@ -266,20 +289,30 @@ class Pipeline:
             self._advance(last)
             return None
         rseq, payload = recs[0]
-        tag, body = payload[:1], payload[1:]
+        return rseq, self._decode_record(rseq, payload)
+
+    def _decode_record(self, seq: int, payload: bytes) -> DecodeResult:
+        """Decode one spool record (tag byte + decompressed body). Protobuf warnings are counted
+        here, once, for records accepted since this start (JSON ones were counted by ``accept``;
+        replayed ones when first accepted)."""
+        is_json = payload[:1] == _TAG_JSON
         try:
-            res = decode_http(body, "application/json" if tag == _TAG_JSON else "application/x-protobuf",
+            res = decode_http(payload[1:], "application/json" if is_json else "application/x-protobuf",
                               None, self.limits)
         except OTLPRequestError:
-            res = DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
-        return rseq, res
+            return DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
+        if not is_json and seq > self._replay_until:
+            self.stats.warnings.update(res.warnings)
+        return res
 
     def _advance(self, seq: int) -> None:
         """Mark every record up to ``seq`` as processed by the worker."""
         with self._cv:
             if seq >= self._next_seq:
                 self._next_seq = seq + 1
-            self._mem.pop(seq, None)  # cached by an accept racing the spool re-read
+            res = self._mem.pop(seq, None)  # cached by an accept racing the spool re-read
+            if isinstance(res, bytes):
+                self._mem_bytes -= len(res)
             self._cv.notify_all()
 
     def _work_loop(self) -> None:
@@ -446,6 +479,11 @@ class Pipeline:
             except Exception:  # noqa: BLE001
                 log.exception("scoring failed")
 
+    def load_trials(self, **filters) -> list[Trial]:
+        """Trials from the store with their outcomes resolved (metrics.md §6). Filters as
+        :meth:`relyscope.store.Store.load_trials`."""
+        return apply_outcomes(self.store.load_trials(**filters), self.store.outcomes())
+
     def report_extras(self, scores: dict) -> dict:
         """Per-group additions to the report (violations, attribution, worst tasks)."""
         return {g: self._extras[g] for g in scores if g in self._extras}
@@ -463,7 +501,7 @@ class Pipeline:
             groups = set(self._dirty_groups)
             self._dirty_groups.clear()
         try:
-            trials = self.store.load_trials()
+            trials = apply_outcomes(self.store.load_trials(), self.store.outcomes())
         except Exception:
             with self._score_lock:  # try these groups again next time
                 self._dirty_groups.update(groups)

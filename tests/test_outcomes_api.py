@@ -44,7 +44,7 @@ def test_late_outcome_changes_success_and_pass_hat_k(sidecar):
     assert g["metrics"]["pass^1"]["value"] == 0.75
     assert g["metrics"]["pass^2"]["value"] == 0.5
     trial = [t for t in sidecar.trials(agent="late-agent") if t["trace_id"] == TRACE.format(4)][0]
-    assert trial["outcome"] == "success" and trial["outcome_source"] == "user_feedback"
+    assert trial["outcome"] == "success" and trial["outcome_source"] == "posted:user_feedback"
 
     # a delayed (non-verifier) outcome never overrides the span's verified one (§6 precedence) ...
     r = sidecar.post("/api/v1/outcomes", json={"trace_id": TRACE.format(1), "success": False, "source": "survey"})
@@ -67,3 +67,25 @@ def test_outcome_api_rejects_bad_bodies(sidecar):
                 {"trace_id": "x"}, {"trace_id": "x", "success": True, "score": 2}):
         r = sidecar.post("/api/v1/outcomes", json=bad)
         assert r.status_code == 422, (bad, r.text)
+
+
+def test_evaluation_events_resolve_unknown_outcomes(sidecar):
+    """gen_ai.evaluation.result events decide an outcome the span did not give (§6 item 3)."""
+    def ev(label):
+        return {"timeUnixNano": "1760000000500000000", "name": "gen_ai.evaluation.result", "attributes": [
+            {"key": "gen_ai.evaluation.name", "value": {"stringValue": "task_completion"}},
+            {"key": "gen_ai.evaluation.score.label", "value": {"stringValue": label}}]}
+    spans = [_run(10, "E", None), _run(11, "E", None), _run(12, "E", "success")]
+    for s in spans:
+        s["attributes"][1]["value"]["stringValue"] = "eval-agent"
+    spans[0]["events"] = [ev("pass")]
+    spans[1]["events"] = [ev("fail")]
+    spans[2]["events"] = [ev("fail")]  # the application's verified outcome wins over the evaluation
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+    assert httpx.post(sidecar.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+    sidecar.flush()
+    trials = {t["trace_id"]: t for t in sidecar.trials(agent="eval-agent")}
+    assert [trials[TRACE.format(i)]["outcome"] for i in (11, 12, 13)] == ["success", "failure", "success"]
+    assert trials[TRACE.format(11)]["outcome_source"] == "evaluation:task_completion"
+    g = [g for g in sidecar.report()["groups"] if g["agent"] == "eval-agent"][0]
+    assert abs(g["metrics"]["pass^1"]["value"] - 2 / 3) < 1e-12

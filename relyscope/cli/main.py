@@ -134,9 +134,11 @@ def _fetch_report(api: str, token: Optional[str]) -> Optional[dict]:
 def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None) -> dict:
     from relyscope.store import Store
 
+    from relyscope.scorers.outcomes import apply_outcomes
+
     st = Store(dsn)
     try:
-        trials = st.load_trials()
+        trials = apply_outcomes(st.load_trials(), st.outcomes())
     finally:
         st.close()
     return _score_trials(trials, n_boot, policy_file)
@@ -213,8 +215,10 @@ def score(
                 st.insert_spans(res.spans)
                 builder.add(((s, normalize(s)) for s in res.spans), 0.0)
                 prog.advance(task)
+        from relyscope.scorers.outcomes import apply_outcomes
+
         st.insert_trials(builder.flush(0.0))
-        trials = st.load_trials()
+        trials = apply_outcomes(st.load_trials(), {})
         st.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

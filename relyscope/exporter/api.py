@@ -88,7 +88,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,
                      limit: int = Query(1000, ge=1, le=100000)) -> dict:
         try:
-            rows = await run_in_threadpool(pipeline.store.load_trials, agent=agent, version=version, run_kind=run_kind)
+            rows = await run_in_threadpool(pipeline.load_trials, agent=agent, version=version, run_kind=run_kind)
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         return {"trials": [trial_to_dict(t) for t in rows[:limit]], "total": len(rows)}
@@ -99,7 +99,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         from relyscope.trajectory import sessions
 
         try:
-            rows = await run_in_threadpool(pipeline.store.load_trials, agent=agent, version=version, run_kind=run_kind)
+            rows = await run_in_threadpool(pipeline.load_trials, agent=agent, version=version, run_kind=run_kind)
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         out = []

@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 
 import clickhouse_connect
 
-from relyscope.model import CanonicalSpan, Op, Step, Trial
+from relyscope.model import CanonicalSpan, Evaluation, Op, Step, Trial
 
 __all__ = ["Store", "StoreUnavailable", "open_store", "resolve_dsn"]
 
@@ -119,13 +119,13 @@ SCHEMA = [
         actions Array(String), steps String, flags Array(String),
         shadow_of Nullable(String), perturbation_family Nullable(String),
         perturbation_strength Nullable(String), revision UInt32, span_count UInt32,
-        version_ns UInt64
+        evaluations String DEFAULT '[]', version_ns UInt64
     ) ENGINE = ReplacingMergeTree(version_ns)
     ORDER BY (agent, version, run_kind, trial_id)""",
     """CREATE TABLE IF NOT EXISTS {db}.outcomes (
         key String, key_kind LowCardinality(String), outcome LowCardinality(String),
-        score Nullable(Float64), source String, precedence UInt8, posted_at DateTime64(3)
-    ) ENGINE = ReplacingMergeTree(posted_at) ORDER BY (key_kind, key)""",
+        score Nullable(Float64), source String, verifier Bool, posted_at DateTime64(9)
+    ) ENGINE = MergeTree ORDER BY (key_kind, key, posted_at)""",
     """CREATE TABLE IF NOT EXISTS {db}.scores (
         formula_set LowCardinality(String), agent LowCardinality(String),
         version LowCardinality(String), run_kind LowCardinality(String),
@@ -154,7 +154,7 @@ _TRIAL_COLS = [
     "confidence", "conversation_id", "start_time", "end_time", "wall_time_s", "input_tokens",
     "output_tokens", "total_tokens", "cost_usd", "model_calls", "tool_calls", "tool_errors",
     "actions", "steps", "flags", "shadow_of", "perturbation_family", "perturbation_strength",
-    "revision", "span_count", "version_ns",
+    "revision", "span_count", "evaluations", "version_ns",
 ]
 _STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
 
@@ -267,18 +267,18 @@ class Store:
                 t.model_calls, t.tool_calls, t.tool_errors, list(t.actions),
                 json.dumps([_step_to_dict(s) for s in t.steps], default=_json_default, ensure_ascii=False),
                 sorted(t.flags), t.shadow_of, t.perturbation_family, t.perturbation_strength,
-                t.revision, t.span_count, now + i,
+                t.revision, t.span_count,
+                json.dumps([dataclasses.asdict(e) for e in t.evaluations], ensure_ascii=True), now + i,
             ])
         self._insert("trials", rows, _TRIAL_COLS)
 
     def insert_outcome(self, key: str, key_kind: str, outcome: str, score: float | None,
                        source: str, *, verifier: bool = False) -> None:
-        """Record an outcome posted to the API (``key_kind`` ``trace`` or ``trial``).
-
-        ``verifier=True``: the application's own environment check (metrics.md §6 item 1, wins over
-        the span); else a delayed outcome (item 2, fills in only an unknown outcome)."""
-        self._insert("outcomes", [[key, key_kind, outcome, score, source, 1 if verifier else 2, _utcnow()]],
-                     ["key", "key_kind", "outcome", "score", "source", "precedence", "posted_at"])
+        """Record an outcome posted to the API (``key_kind`` ``trace`` or ``trial``). Every post is
+        kept; :func:`relyscope.scorers.outcomes.apply_outcomes` resolves them (metrics.md §6).
+        ``verifier=True``: posted by the application's own environment check (§6 item 1)."""
+        self._insert("outcomes", [[key, key_kind, outcome, score, source, verifier, time.time_ns()]],
+                     ["key", "key_kind", "outcome", "score", "source", "verifier", "posted_at"])
 
     def insert_scores(self, rows: list[dict]) -> None:
         """Store score rows (dicts with the ``scores`` columns; times as Unix seconds or datetimes)."""
@@ -326,16 +326,21 @@ class Store:
                               {"t": trace_id})
         return self.query("SELECT TraceId, SpanId FROM {db}.otel_traces FINAL")
 
-    def outcomes(self) -> dict[tuple[str, str], tuple[str, float | None, str, int]]:
-        """Latest posted outcome per (key_kind, key): (outcome, score, source, precedence)."""
-        rows = self.query("SELECT key_kind, key, outcome, score, source, precedence FROM {db}.outcomes FINAL")
-        return {(r[0], r[1]): (r[2], r[3], r[4], r[5]) for r in rows}
+    def outcomes(self) -> dict[tuple[str, str], list[tuple[str, float | None, str, bool, int]]]:
+        """Every posted outcome per (key_kind, key), oldest first:
+        (outcome, score, source, verifier, posted_ns)."""
+        rows = self.query("SELECT key_kind, key, outcome, score, source, verifier, "
+                          "toUnixTimestamp64Nano(posted_at) FROM {db}.outcomes ORDER BY posted_at")
+        out: dict = {}
+        for r in rows:
+            out.setdefault((r[0], r[1]), []).append((r[2], r[3], r[4], bool(r[5]), int(r[6])))
+        return out
 
     def load_trials(self, *, agent: str | None = None, version: str | None = None,
                     run_kind: str | None = None, since_ns: int | None = None,
                     until_ns: int | None = None) -> list[Trial]:
-        """Trials (latest revision of each), optionally filtered; posted outcomes applied
-        (a later API outcome overrides a span-less ``unknown`` and rule outcomes; metrics.md §6)."""
+        """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
+        outcome their spans carried (posted outcomes are resolved by the scorers, not here)."""
         where, params = ["1"], {}
         for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
             if val is not None:
@@ -351,7 +356,6 @@ class Store:
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
         rows = self.query(sql, params)
-        posted = self.outcomes()
         out = []
         for r in rows:
             d = dict(zip([c for c in _TRIAL_COLS if c != "version_ns"], r))
@@ -371,12 +375,8 @@ class Store:
                 shadow_of=d["shadow_of"], perturbation_family=d["perturbation_family"],
                 perturbation_strength=d["perturbation_strength"], revision=d["revision"],
                 span_count=d["span_count"],
+                evaluations=tuple(Evaluation(**e) for e in json.loads(d["evaluations"] or "[]")),
             )
-            p = posted.get(("trial", t.trial_id)) or posted.get(("trace", t.trace_id))
-            # metrics.md §6: a posted verifier outcome (precedence 1) overrides the span; a delayed
-            # outcome (precedence 2: feedback, business event) fills in only an unknown outcome.
-            if p is not None and (t.outcome == "unknown" or p[3] == 1):
-                t = dataclasses.replace(t, outcome=p[0], outcome_score=p[1], outcome_source=p[2])
             out.append(t)
         return out
 

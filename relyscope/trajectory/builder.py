@@ -284,6 +284,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
     cost: float | None = None
     model_calls = tool_calls = tool_errors = 0
     outcome_sem: list[SpanSemantics] = []
+    evaluations: list = []
     first_input: str | None = None
     conversation: str | None = None
     ordered = sorted(members, key=lambda s: _order_key(spans, s))
@@ -298,6 +299,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             first_input = sem.first_user_input
         if conversation is None and sem.conversation_id:
             conversation = sem.conversation_id
+        evaluations.extend(sem.evaluations)
         if any(v is not None for v in (sem.outcome, sem.confidence, sem.claimed_success)):
             outcome_sem.append(sem)
         action = _step_action(sid, span, sem, wrappers)
@@ -407,6 +409,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         shadow_of=rsem.shadow_of, perturbation_family=rsem.perturbation_family,
         perturbation_strength=rsem.perturbation_strength, revision=revision,
         span_count=len(members) + (1 if root else 0),
+        evaluations=tuple(evaluations) + (tuple(rsem.evaluations) if root else ()),
     )
 
 
