@@ -54,6 +54,11 @@ class Settings(BaseSettings):
     redact_deny: list[str] = Field(default_factory=list, description="attribute keys dropped before storage")
     redact_patterns: list[str] = Field(default_factory=list, description="regexes masked in content attributes before storage")
 
+    judge_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) of an optional LLM judge; off when unset")
+    judge_model: str = Field("gpt-4o-mini", description="model name sent to the judge")
+    judge_api_key: SecretStr | None = Field(None, description="bearer key for the judge endpoint")
+    judge_timeout_s: float = Field(30.0, gt=0)
+    judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
     fault_store_down_file: str | None = Field(
         None, description="chaos testing: while this file exists, every store write fails as if ClickHouse were down")
 

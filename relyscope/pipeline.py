@@ -482,7 +482,40 @@ class Pipeline:
     def load_trials(self, **filters) -> list[Trial]:
         """Trials from the store with their outcomes resolved (metrics.md §6). Filters as
         :meth:`relyscope.store.Store.load_trials`."""
-        return apply_outcomes(self.store.load_trials(**filters), self.store.outcomes())
+        judged = self.store.judgements() if self.settings.judge_url else None
+        return apply_outcomes(self.store.load_trials(**filters), self.store.outcomes(), judged)
+
+    def _resolved_trials(self) -> list[Trial]:
+        trials = self.load_trials()
+        if self.settings.judge_url:
+            undecided = [t for t in trials if t.outcome == "unknown" and t.status == "complete"]
+            if undecided and self._judge(undecided):
+                trials = self.load_trials()
+        return trials
+
+    def _judge(self, trials: list[Trial]) -> int:
+        """Ask the configured LLM judge about up to ``judge_max_per_cycle`` undecided trials; store
+        the verdicts. Network errors are logged and retried next cycle. Returns verdicts stored."""
+        import httpx
+
+        from relyscope.scorers.judge import judge_request, parse_judge_reply
+
+        s = self.settings
+        headers = {"Authorization": f"Bearer {s.judge_api_key.get_secret_value()}"} if s.judge_api_key else {}
+        url = s.judge_url.rstrip("/") + "/chat/completions"
+        stored = 0
+        for t in trials[: s.judge_max_per_cycle]:
+            try:
+                r = httpx.post(url, json=judge_request(t, s.judge_model), headers=headers, timeout=s.judge_timeout_s)
+                r.raise_for_status()
+                ev = parse_judge_reply(r.json())
+            except (httpx.HTTPError, ValueError) as e:
+                log.warning("LLM judge call failed: %s", e)
+                break
+            if ev is not None:
+                self.store.insert_judgement(t.trial_id, ev, s.judge_model)
+                stored += 1
+        return stored
 
     def report_extras(self, scores: dict) -> dict:
         """Per-group additions to the report (violations, attribution, worst tasks)."""
@@ -501,7 +534,7 @@ class Pipeline:
             groups = set(self._dirty_groups)
             self._dirty_groups.clear()
         try:
-            trials = apply_outcomes(self.store.load_trials(), self.store.outcomes())
+            trials = self._resolved_trials()
         except Exception:
             with self._score_lock:  # try these groups again next time
                 self._dirty_groups.update(groups)

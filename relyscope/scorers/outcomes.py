@@ -33,15 +33,15 @@ def apply_outcomes(trials: Sequence[Trial], posted: PostedRows,
     out = []
     for t in trials:
         rows = list(posted.get(("trial", t.trial_id), ())) + list(posted.get(("trace", t.trace_id), ()))
-        evaluations = list(t.evaluations)
-        if judged and t.trial_id in judged:
-            evaluations.append(judged[t.trial_id])
-        if not rows and not evaluations:
+        judge = judged.get(t.trial_id) if judged else None
+        if not rows and not t.evaluations and judge is None:
             out.append(t)
             continue
         posts = [PostedOutcome(outcome=r[0], posted_ns=r[4], source=r[2], verifier=r[3]) for r in rows]
-        outcome, source = resolve_outcome(t.outcome if t.outcome in ("success", "failure") else None,
-                                          posts, evaluations, None)
+        span_outcome = t.outcome if t.outcome in ("success", "failure") else None
+        outcome, source = resolve_outcome(span_outcome, posts, t.evaluations, None)
+        if outcome == "unknown" and judge is not None:  # the judge is consulted last (§6 item 3)
+            outcome, source = resolve_outcome(span_outcome, posts, (judge,), None)
         if source == "verifier":  # the span's own outcome stands
             out.append(t)
             continue

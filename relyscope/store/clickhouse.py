@@ -14,6 +14,7 @@ Tables (database ``relyscope`` unless the DSN names one):
 - ``outcomes`` — outcomes posted later to the outcome API (metrics.md §6 item 2).
 - ``scores`` — per-group metric values with formula set, window, CI and bootstrap size.
 - ``grades`` — per-trial grader output (JSON), ReplacingMergeTree(version) on trial id.
+- ``judgements`` — the optional LLM judge's evaluation per trial.
 
 Reads use ``FINAL`` so replaced rows never count twice.
 """
@@ -135,6 +136,10 @@ SCHEMA = [
         computed_at DateTime64(3)
     ) ENGINE = ReplacingMergeTree(computed_at)
     ORDER BY (formula_set, agent, version, run_kind, metric, window_start, window_end)""",
+    """CREATE TABLE IF NOT EXISTS {db}.judgements (
+        trial_id String, name LowCardinality(String), score Nullable(Float64), label Nullable(String),
+        explanation Nullable(String), model String, judged_at DateTime64(3)
+    ) ENGINE = ReplacingMergeTree(judged_at) ORDER BY trial_id""",
     """CREATE TABLE IF NOT EXISTS {db}.grades (
         trial_id String, agent LowCardinality(String), version LowCardinality(String),
         run_kind LowCardinality(String), grade String, severity Float64, attribution LowCardinality(String),
@@ -279,6 +284,16 @@ class Store:
         ``verifier=True``: posted by the application's own environment check (§6 item 1)."""
         self._insert("outcomes", [[key, key_kind, outcome, score, source, verifier, time.time_ns()]],
                      ["key", "key_kind", "outcome", "score", "source", "verifier", "posted_at"])
+
+    def insert_judgement(self, trial_id: str, ev: Evaluation, model: str) -> None:
+        """Store the LLM judge's evaluation of a trial (one per trial; a re-judgement replaces)."""
+        self._insert("judgements", [[trial_id, ev.name, ev.score, ev.label, ev.explanation, model, _utcnow()]],
+                     ["trial_id", "name", "score", "label", "explanation", "model", "judged_at"])
+
+    def judgements(self) -> dict[str, Evaluation]:
+        """trial id → the judge's evaluation."""
+        rows = self.query("SELECT trial_id, name, score, label, explanation FROM {db}.judgements FINAL")
+        return {r[0]: Evaluation(name=r[1], score=r[2], label=r[3], explanation=r[4]) for r in rows}
 
     def insert_scores(self, rows: list[dict]) -> None:
         """Store score rows (dicts with the ``scores`` columns; times as Unix seconds or datetimes)."""
