@@ -10,18 +10,28 @@ into OTLP status codes (OTLP 1.x spec, "OTLP/gRPC Response" and "OTLP/HTTP Respo
 | body over the limit | RESOURCE_EXHAUSTED (message size) | 413 + google.rpc.Status |
 | unknown content type | — | 415 |
 | spool full (retryable) | RESOURCE_EXHAUSTED + RetryInfo | 503 + Retry-After |
+| spool write failed / unexpected error (retryable) | UNAVAILABLE | 503 + Retry-After |
+| decoder bug (``OTLPRequestError`` 500) | INTERNAL | 500 + google.rpc.Status |
 | missing/wrong bearer token | UNAUTHENTICATED | 401 |
+| other path / method | UNIMPLEMENTED | 404 / 405 + google.rpc.Status |
+
+Every HTTP error reply carries a ``google.rpc.Status`` body, JSON when the request was JSON, else
+protobuf. An unexpected exception never becomes a bare 500: the request was not acknowledged, so
+the client is told to retry (503 / UNAVAILABLE) and the exception is logged.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from concurrent import futures
 from typing import TYPE_CHECKING
 
 import grpc
 from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from relyscope.collector.otlp import OTLPRequestError, encode_response, encode_status
 
@@ -30,9 +40,30 @@ if TYPE_CHECKING:
 
 __all__ = ["create_otlp_http_app", "create_grpc_server", "check_bearer"]
 
+log = logging.getLogger("relyscope.receivers")
+
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _JSON = "application/json"
 _PROTO = "application/x-protobuf"
+_RETRY_AFTER_S = 5  # for retryable failures other than a full spool
+# media types relyscope.collector.otlp.decode_http accepts (parameters such as charset ignored)
+_ACCEPTED_TYPES = frozenset((_PROTO, "application/protobuf", _JSON))
+
+
+def _error_codes(e: OTLPRequestError) -> tuple[int, grpc.StatusCode]:
+    """(HTTP status, gRPC status) of a permanent request error: 413 → RESOURCE_EXHAUSTED (as
+    grpc's own message-size check), 500 → INTERNAL, other 4xx → INVALID_ARGUMENT."""
+    if e.http_status == 413:
+        return 413, grpc.StatusCode.RESOURCE_EXHAUSTED
+    if e.http_status >= 500:
+        return 500, grpc.StatusCode.INTERNAL
+    if 400 <= e.http_status < 500:
+        return e.http_status, grpc.StatusCode.INVALID_ARGUMENT
+    return 400, grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _code_number(code: grpc.StatusCode) -> int:
+    return code.value[0]
 
 
 def check_bearer(header: str | None, token: str | None) -> bool:
@@ -66,16 +97,19 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         try:
             result = pipeline.accept(raw, _PROTO, None)
+            reply = encode_response(result, json=False)
         except OTLPRequestError as e:
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if e.http_status == 413 else grpc.StatusCode.INVALID_ARGUMENT
-            context.abort(code, e.message)
+            context.abort(_error_codes(e)[1], e.message)
         except Backpressure:
             context.set_trailing_metadata(
                 (("grpc-status-details-bin", _retry_info_status("spool full", Backpressure.retry_after_s)),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "relyscope spool full; retry later")
         except OSError as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}")
-        return encode_response(result, json=False)
+        except Exception as e:  # noqa: BLE001 - a stage boundary: never a bare UNKNOWN to the client
+            log.exception("OTLP/gRPC export failed")
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later")
+        return reply
 
     handler = grpc.method_handlers_generic_handler(
         _SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(export, request_deserializer=None,
@@ -103,37 +137,65 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
     app = FastAPI(title="relyscope OTLP/HTTP receiver", docs_url=None, redoc_url=None, openapi_url=None)
     limit = pipeline.settings.max_body_bytes
 
-    def status_reply(code_http: int, grpc_code: int, message: str, is_json: bool, headers=None) -> Response:
-        return Response(encode_status(grpc_code, message, json=is_json), status_code=code_http,
+    def status_reply(code_http: int, grpc_code: grpc.StatusCode, message: str, is_json: bool,
+                     headers=None) -> Response:
+        return Response(encode_status(_code_number(grpc_code), message, json=is_json), status_code=code_http,
                         media_type=_JSON if is_json else _PROTO, headers=headers)
+
+    def wants_json(request: Request) -> bool:
+        return (request.headers.get("content-type") or "").split(";")[0].strip().lower() == _JSON
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # 404 unknown path, 405 wrong method: still a google.rpc.Status body, as OTLP/HTTP asks
+        code = grpc.StatusCode.UNIMPLEMENTED if exc.status_code in (404, 405) else grpc.StatusCode.INVALID_ARGUMENT
+        return status_reply(exc.status_code, code, str(exc.detail), wants_json(request),
+                            getattr(exc, "headers", None))
 
     @app.post("/v1/traces")
     async def traces(request: Request) -> Response:
         ctype = request.headers.get("content-type")
-        is_json = (ctype or "").split(";")[0].strip().lower() == _JSON
+        is_json = wants_json(request)
         if not check_bearer(request.headers.get("authorization"), token):
-            return status_reply(401, 16, "missing or invalid bearer token", is_json,
+            return status_reply(401, grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token", is_json,
                                 {"WWW-Authenticate": "Bearer"})
+        media_type = (ctype or "").split(";")[0].strip().lower()
+        if media_type not in _ACCEPTED_TYPES:  # before reading (or inflating) the body
+            return status_reply(415, grpc.StatusCode.INVALID_ARGUMENT,
+                                f"unsupported Content-Type {ctype!r} (use application/x-protobuf or "
+                                "application/json)", is_json)
+        too_large = grpc.StatusCode.RESOURCE_EXHAUSTED
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            return status_reply(413, 8, f"request body of {declared} bytes exceeds the limit of {limit} bytes", is_json)
+            return status_reply(413, too_large,
+                                f"request body of {declared} bytes exceeds the limit of {limit} bytes", is_json)
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return status_reply(413, 8, f"request body exceeds the limit of {limit} bytes", is_json)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return status_reply(413, too_large, f"request body exceeds the limit of {limit} bytes", is_json)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return status_reply(400, grpc.StatusCode.INVALID_ARGUMENT, "client disconnected before the body ended",
+                                is_json)
         body = b"".join(chunks)
         try:
             result = await run_in_threadpool(pipeline.accept, body, ctype, request.headers.get("content-encoding"))
+            reply = encode_response(result, json=is_json)
         except OTLPRequestError as e:
-            return status_reply(e.http_status, 3 if e.http_status == 400 else 8 if e.http_status == 413 else 3,
-                                e.message, is_json)
+            http_status, code = _error_codes(e)
+            return status_reply(http_status, code, e.message, is_json)
         except Backpressure:
-            return status_reply(503, 14, "relyscope spool full; retry later", is_json,
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope spool full; retry later", is_json,
                                 {"Retry-After": str(Backpressure.retry_after_s)})
         except OSError as e:
-            return status_reply(503, 14, f"spool write failed: {e}", is_json, {"Retry-After": "5"})
-        return Response(encode_response(result, json=is_json), media_type=_JSON if is_json else _PROTO)
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", is_json,
+                                {"Retry-After": str(_RETRY_AFTER_S)})
+        except Exception as e:  # noqa: BLE001 - a stage boundary: never a bare 500 to the client
+            log.exception("OTLP/HTTP export failed")
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later",
+                                is_json, {"Retry-After": str(_RETRY_AFTER_S)})
+        return Response(reply, media_type=_JSON if is_json else _PROTO)
 
     return app

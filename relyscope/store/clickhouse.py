@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 import time
 from typing import Any, Iterable, Sequence
@@ -103,6 +104,7 @@ SCHEMA = [
         `Links.TraceId` Array(String) CODEC(ZSTD(1)),
         `Links.SpanId` Array(String) CODEC(ZSTD(1)),
         RelyscopeFlags Array(LowCardinality(String)),
+        RelyscopeRawEndNs Nullable(UInt64),
         IngestedAt DateTime64(3) DEFAULT now64(3)
     ) ENGINE = ReplacingMergeTree(IngestedAt)
     PARTITION BY toDate(Timestamp)
@@ -151,7 +153,7 @@ _SPAN_COLS = [
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
     "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration",
     "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name", "Events.Attributes",
-    "Links.TraceId", "Links.SpanId", "RelyscopeFlags",
+    "Links.TraceId", "Links.SpanId", "RelyscopeFlags", "RelyscopeRawEndNs",
 ]
 _TRIAL_COLS = [
     "trial_id", "trace_id", "root_span_id", "task_id", "task_id_source", "agent", "version",
@@ -256,6 +258,7 @@ class Store:
                 [e.time_ns for e in s.events], [e.name for e in s.events],
                 [{k: _attr_str(v) for k, v in e.attributes.items()} for e in s.events],
                 [l[0] for l in s.links], [l[1] for l in s.links], sorted(s.flags),
+                s.raw_end_ns if s.raw_end_ns is not None and s.raw_end_ns >= 0 else None,
             ])
         self._insert("otel_traces", rows, _SPAN_COLS)
 
@@ -396,10 +399,13 @@ class Store:
         return out
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _scrub(v: Any) -> Any:
     """Replace unencodable code points (lone surrogates) in every string of a row structure."""
     if isinstance(v, str):
-        return v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return _SURROGATE.sub("\ufffd", v)
     if isinstance(v, list):
         return [_scrub(x) for x in v]
     if isinstance(v, tuple):
