@@ -394,3 +394,15 @@ def test_grade_trial_invalid_trial_and_verifier_source():
     assert g.attribution.category == FailureCategory.INFRASTRUCTURE and not g.valid
     g2 = grade_trial(trial(llm("ok"), outcome="success"), grader_error=None)
     assert g2.attribution is None and g2.valid
+
+
+def test_calibration_bins_hand_worked():
+    from relyscope.scorers.review import calibration_bins
+
+    pairs = [(0.05, 0), (0.95, 1), (0.95, 0), (1.0, 1), (0.5, 1)]
+    rows = calibration_bins(pairs)
+    # bins 0.0–0.1: one trial; 0.5–0.6: one; 0.9–1.0 (closed): 0.95, 0.95, 1.0 → conf 0.9667, success 2/3
+    assert [r["bin"] for r in rows] == ["0.0–0.1", "0.5–0.6", "0.9–1.0"]
+    assert rows[2]["trials"] == 3
+    assert abs(rows[2]["mean_confidence"] - (0.95 + 0.95 + 1.0) / 3) < 1e-6
+    assert abs(rows[2]["success_rate"] - 2 / 3) < 1e-6

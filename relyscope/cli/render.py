@@ -78,8 +78,26 @@ def _short_list(v: list) -> str:
     return shown + (f" (+{len(v) - 2})" if len(v) > 2 else "")
 
 
+def _render_calibration(console: Console, rows: list[dict]) -> None:
+    """Reliability diagram as a table: per confidence bin, observed success (bar) vs confidence."""
+    if not rows:
+        return
+    t = Table(title="calibration (reliability diagram: █ observed success, │ mean confidence)", title_justify="left")
+    for c in ("confidence bin", "trials", "mean conf.", "success"):
+        t.add_column(c, justify="right")
+    width = 20
+    t.add_column("0 … 1", no_wrap=True, min_width=width)
+    for r in rows:
+        bar = list("█" * round(r["success_rate"] * width) + " " * (width - round(r["success_rate"] * width)))
+        mark = min(width - 1, int(r["mean_confidence"] * width))
+        bar[mark] = "│"
+        t.add_row(r["bin"], str(r["trials"]), f"{r['mean_confidence']:.2f}", f"{r['success_rate']:.2f}", "".join(bar))
+    console.print(t)
+
+
 def _render_sections(console: Console, g: dict) -> None:
-    """Safety violations, failure attribution, control rates and the worst tasks of one group."""
+    """Calibration, safety violations, failure attribution, control rates and the worst tasks."""
+    _render_calibration(console, g.get("calibration") or [])
     _table(console, "policy violations (by rule and severity)", g.get("violations") or [])
     if g.get("hard_gate_failures"):
         console.print(f"[bold red]hard-gate failures: {g['hard_gate_failures']} trials[/bold red]")

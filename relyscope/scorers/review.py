@@ -22,7 +22,7 @@ from relyscope.scorers.attribution import FailureCategory
 from relyscope.scorers.graders import Grade, control_rates, grade_trial
 from relyscope.scorers.policy import Policy
 
-__all__ = ["GroupReview", "review_group"]
+__all__ = ["GroupReview", "review_group", "score_all", "calibration_bins"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,20 @@ class GroupReview:
 
 def _nan_none(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
+
+
+def calibration_bins(pairs: Sequence[tuple[float, int]], n_bins: int = 10) -> list[dict]:
+    """Reliability-diagram rows for P_cal (metrics.md §5: 10 equal-width bins on [0, 1], last bin
+    closed): per non-empty bin its range, trial count, mean confidence and observed success rate."""
+    rows = []
+    for b in range(n_bins):
+        lo, hi = b / n_bins, (b + 1) / n_bins
+        inb = [(q, y) for q, y in pairs if (lo <= q < hi) or (b == n_bins - 1 and q == 1.0)]
+        if inb:
+            rows.append({"bin": f"{lo:.1f}–{hi:.1f}", "trials": len(inb),
+                         "mean_confidence": round(sum(q for q, _ in inb) / len(inb), 6),
+                         "success_rate": round(sum(y for _, y in inb) / len(inb), 6)})
+    return rows
 
 
 def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_worst: int = 10) -> GroupReview:
@@ -95,6 +109,10 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
     worst = [w for w in worst if (w["C_out"] is not None and w["C_out"] < 1) or w["violations"]][:n_worst]
 
     extras = {
+        "calibration": calibration_bins(
+            [(t.confidence, t.success) for t in trials
+             if t.trial_id not in invalid and t.confidence is not None and t.success is not None
+             and t.perturbation_family in (None, "nominal")]),
         "violations": violations,
         "hard_gate_failures": sum(1 for g in grades.values() if g.hard_gate),
         "claim_outcome_mismatches": sum(1 for g in grades.values() if g.claim_outcome_mismatch),
