@@ -550,7 +550,8 @@ class Pipeline:
             if g not in by_group:
                 continue
             rv = review_group(by_group[g], self.policy)
-            gs = score_group(by_group[g], severities=rv.severities, invalid=rv.invalid,
+            gs = score_group(by_group[g], severities=rv.severities if self.policy is not None else None,
+                             invalid=rv.invalid,
                              n_boot=self.settings.n_boot, seed=0)
             scores[g] = gs
             self._extras[g] = rv.extras

@@ -1,0 +1,347 @@
+"""End-to-end ingest benchmark of a real ``relyscope serve`` process (OTLP/HTTP protobuf).
+
+The sidecar runs pinned to core 0 (``taskset -c 0``), this client process to core 1. Batches of
+512 GenAI-like spans (``bench_ingest_decode.build_request``, trace ids made unique per request) are
+POSTed to ``/v1/traces`` by a few concurrent keep-alive connections for a bounded time. Measured in
+the same run:
+
+1. raw upb parse rate of the same payload (``ExportTraceServiceRequest.FromString``) on core 0,
+   before and after the load phases (the baseline the issue asks the ratio against), and in the
+   same process the rates of ``validate_http`` (what ``Pipeline.accept`` runs) and ``decode_http``
+   (what the worker runs);
+2. phase "receiver alone": the store is made unavailable (``RELYSCOPE_FAULT_STORE_DOWN_FILE``),
+   so the worker thread stays idle and the figure is what the receiver path (validate + spool
+   append with fdatasync + reply) sustains on one core: accepted spans/s, p50/p99 latency;
+3. phase "receiver + worker": a fresh sidecar, store up; the same load while the worker decodes,
+   normalizes, stores (chDB) and assembles on the same core; then up to ``--drain-seconds`` more:
+   stored spans/s end to end = spans counted by ``GET /api/v1/spans`` / time since the first
+   request (the worker has a backlog the whole time, so this is its sustained rate);
+4. phase "memory": a fresh sidecar with ``RELYSCOPE_ROOT_TIMEOUT_S`` huge; idle RSS, then the
+   children of N traces whose roots never arrive (default 10 000 traces x 15 spans), waiting until
+   all are stored and ``relyscope_open_traces`` reaches N; peak RSS (``VmHWM``) vs idle.
+
+Run: ``.venv/bin/python bench/bench_ingest.py [--seconds 8] [--conns 4] [--traces 10000]
+[--drain-seconds 60] [--phases receiver,worker,memory]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from relyscope.collector.otlp import decode_http, validate_http
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest_decode import build_request  # noqa: E402
+
+BIN = Path(sys.executable).parent / "relyscope"
+SPANS = 512
+MARK = b"RQID"  # bytes 1..4 of every trace id in the template, replaced by a request number
+PB = {"Content-Type": "application/x-protobuf"}
+
+
+# ---- payloads -----------------------------------------------------------------------------------
+
+def template(drop_roots: bool = False) -> bytes:
+    """Serialized build_request(512) with MARK in every trace id (optionally without root spans)."""
+    req = build_request(SPANS)
+    spans = req.resource_spans[0].scope_spans[0].spans
+    keep = [sp for sp in spans if not (drop_roots and not sp.parent_span_id)]
+    for sp in keep:
+        sp.trace_id = sp.trace_id[:1] + MARK + sp.trace_id[5:]
+    if drop_roots:
+        del spans[:]
+        spans.extend(keep)
+    body = req.SerializeToString()
+    assert body.count(MARK) == len(keep)
+    return body
+
+
+def variant(tmpl: bytes, k: int) -> bytes:
+    """The template with request number ``k`` in every trace id: new traces, same size."""
+    return tmpl.replace(MARK, k.to_bytes(4, "big"))
+
+
+def upb_rate(body: bytes, n_spans: int, seconds: float, fn=ExportTraceServiceRequest.FromString) -> float:
+    """Spans/s of ``fn(body)`` (default: the raw upb parse) on core 0 (this thread pinned there
+    meanwhile, while the sidecar is not running)."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        fn(body)
+        runs, t = 0, time.perf_counter()
+        while True:
+            fn(body)
+            runs += 1
+            now = time.perf_counter()
+            if now - t >= seconds:
+                return runs * n_spans / (now - t)
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+# ---- sidecar process ----------------------------------------------------------------------------
+
+class Sidecar:
+    """``relyscope serve`` on free loopback ports, pinned to core 0; stopped by its PID."""
+
+    def __init__(self, data_dir: Path, extra_env: dict | None = None):
+        env = dict(os.environ)
+        env.update({
+            "RELYSCOPE_STORE": f"chdb://{data_dir}/data",
+            "RELYSCOPE_SPOOL_DIR": str(data_dir / "spool"),
+            "RELYSCOPE_OTLP_GRPC": "127.0.0.1:0",
+            "RELYSCOPE_OTLP_HTTP": "127.0.0.1:0",
+            "RELYSCOPE_API": "127.0.0.1:0",
+            "RELYSCOPE_GRACE_PERIOD_S": "0.3",
+            "RELYSCOPE_SCORE_INTERVAL_S": "5",
+            "RELYSCOPE_N_BOOT": "200",
+        })
+        env.update(extra_env or {})
+        cmd = [str(BIN), "serve", "--log-level", "warning"]
+        if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1:
+            cmd = ["taskset", "-c", "0", *cmd]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        deadline = time.monotonic() + 90
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("{") and '"listening"' in line:
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError("sidecar exited during start")
+        else:
+            self.stop()
+            raise RuntimeError("sidecar did not start in time")
+        info = json.loads(line)
+        self.http = f"http://127.0.0.1:{info['otlp_http']}"
+        self.api = f"http://127.0.0.1:{info['api']}"
+
+    def status(self) -> dict[str, int]:
+        """VmRSS / VmHWM of the sidecar process, KiB."""
+        out = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                out[k] = int(v.split()[0])
+        return out
+
+    def stored_spans(self) -> int:
+        r = httpx.get(self.api + "/api/v1/spans", timeout=120)
+        return r.json()["spans"] if r.status_code == 200 else -1
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(self.api + "/metrics", timeout=60).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return float("nan")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+# ---- load ---------------------------------------------------------------------------------------
+
+def load(url: str, tmpl: bytes, start_k: int, seconds: float | None, conns: int,
+         max_requests: int | None = None) -> dict:
+    """POST variants of ``tmpl`` from ``conns`` threads until ``seconds`` pass (or ``max_requests``
+    are sent). Returns accepted spans, request count, latencies (s), non-200 count, wall time."""
+    n_spans = ExportTraceServiceRequest.FromString(tmpl).resource_spans[0].scope_spans[0].spans
+    per_req = len(n_spans)
+    lock = threading.Lock()
+    state = {"k": start_k, "accepted": 0, "errors": 0, "lat": [], "requests": 0}
+    stop_at = time.perf_counter() + seconds if seconds else float("inf")
+    limit_k = start_k + max_requests if max_requests else None
+
+    def run() -> None:
+        with httpx.Client(timeout=120) as client:
+            while time.perf_counter() < stop_at:
+                with lock:
+                    k = state["k"]
+                    if limit_k is not None and k >= limit_k:
+                        return
+                    state["k"] += 1
+                body = variant(tmpl, k)
+                t = time.perf_counter()
+                r = client.post(url + "/v1/traces", content=body, headers=PB)
+                dt = time.perf_counter() - t
+                with lock:
+                    state["requests"] += 1
+                    state["lat"].append(dt)
+                    if r.status_code == 200:
+                        rej = ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans
+                        state["accepted"] += per_req - rej
+                    else:
+                        state["errors"] += 1
+
+    threads = [threading.Thread(target=run) for _ in range(conns)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    state["wall"] = time.perf_counter() - t0
+    state["next_k"] = state["k"]
+    return state
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=1000, method="inclusive")[int(q * 10) - 1] if len(xs) > 1 else xs[0]
+
+
+def wait_stored(sc: Sidecar, want: int, timeout_s: float) -> tuple[int, float]:
+    deadline = time.monotonic() + timeout_s
+    n = -1
+    while time.monotonic() < deadline:
+        n = sc.stored_spans()
+        if n >= want:
+            break
+        time.sleep(2.0)  # a FINAL count costs the sidecar CPU: do not poll harder
+    return n, time.perf_counter()
+
+
+# ---- phases -------------------------------------------------------------------------------------
+
+def _line(name: str, st: dict, rate: float) -> str:
+    return (f"{name:<20}: {rate:12,.0f} spans/s accepted  ({st['requests']} requests, {st['errors']} "
+            f"non-200), p50 {pct(st['lat'], 50) * 1e3:.1f} ms, p99 {pct(st['lat'], 99) * 1e3:.1f} ms")
+
+
+def phase_receiver(root: Path, tmpl: bytes, args) -> float:
+    """Store down, so the worker idles: what the receiver path alone sustains."""
+    down = root / "store-down"
+    down.write_text("down")
+    sc = Sidecar(root / "a", {"RELYSCOPE_FAULT_STORE_DOWN_FILE": str(down)})
+    try:
+        load(sc.http, tmpl, 10**6, 1.0, args.conns)  # warm-up
+        a = load(sc.http, tmpl, 2 * 10**6, args.seconds, args.conns)
+    finally:
+        sc.stop()
+    rate = a["accepted"] / a["wall"]
+    print(_line("receiver alone", a, rate))
+    return rate
+
+
+def phase_worker(root: Path, tmpl: bytes, args) -> tuple[float, float]:
+    """Store up: accepted spans/s while the worker competes, then the stored spans/s."""
+    sc = Sidecar(root / "b")
+    try:
+        t0 = time.perf_counter()
+        b = load(sc.http, tmpl, 0, args.seconds, args.conns)
+        rate = b["accepted"] / b["wall"]
+        print(_line("receiver + worker", b, rate))
+        s1, t1 = sc.stored_spans(), time.perf_counter()
+        stored, t_end = wait_stored(sc, b["accepted"], args.drain_seconds)
+        e2e = stored / (t_end - t0)
+        trials = sc.metric("relyscope_trials_finalized_total")
+        print(f"{'end to end (stored)':<20}: {e2e:12,.0f} spans/s  ({stored} of {b['accepted']} accepted "
+              f"spans stored {t_end - t0:.1f} s after the first request; {trials:.0f} trials finalized)")
+        print(f"{'worker after load':<20}: {(stored - s1) / (t_end - t1):12,.0f} spans/s stored  "
+              f"({stored - s1} spans in the {t_end - t1:.1f} s after the load stopped; no receiver work)")
+    finally:
+        sc.stop()
+    return rate, e2e
+
+
+def phase_memory(root: Path, args) -> None:
+    """Idle RSS, then peak RSS holding ``args.traces`` traces whose roots never arrive."""
+    sc = Sidecar(root / "c", {"RELYSCOPE_ROOT_TIMEOUT_S": "1000000"})
+    try:
+        time.sleep(2.0)
+        idle = sc.status()
+        kids = template(drop_roots=True)
+        per_req_traces = SPANS // 16
+        n_req = -(-args.traces // per_req_traces)
+        c = load(sc.http, kids, 0, None, args.conns, max_requests=n_req)
+        stored, _ = wait_stored(sc, c["accepted"], args.drain_timeout)
+        deadline = time.monotonic() + 60
+        open_tr = sc.metric("relyscope_open_traces")
+        while open_tr < n_req * per_req_traces and time.monotonic() < deadline:
+            time.sleep(0.5)
+            open_tr = sc.metric("relyscope_open_traces")
+        busy = sc.status()
+    finally:
+        sc.stop()
+    grow = busy["VmHWM"] - idle["VmRSS"]
+    print(f"memory: idle RSS {idle['VmRSS'] / 1024:.0f} MiB; with {open_tr:.0f} in-flight traces "
+          f"({stored} child spans stored, roots never sent): RSS {busy['VmRSS'] / 1024:.0f} MiB, "
+          f"peak VmHWM {busy['VmHWM'] / 1024:.0f} MiB (+{grow / 1024:.0f} MiB over idle, "
+          f"{grow / max(open_tr, 1):.1f} KiB per trace)")
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=8.0, help="duration of each load phase")
+    ap.add_argument("--conns", type=int, default=4, help="concurrent client connections")
+    ap.add_argument("--traces", type=int, default=10_000, help="in-flight traces in the memory phase")
+    ap.add_argument("--drain-seconds", type=float, default=60.0,
+                    help="how long the end-to-end phase waits for the worker after the load")
+    ap.add_argument("--drain-timeout", type=float, default=600.0, help="bound of the memory phase")
+    ap.add_argument("--phases", default="receiver,worker,memory")
+    args = ap.parse_args()
+    phases = set(args.phases.split(","))
+    if (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {1})  # the client: the core the sidecar does not use
+    tmpl = template()
+    body0 = variant(tmpl, 0)
+    print(f"machine: {os.cpu_count()} cores (sidecar on core 0, client on core 1); payload "
+          f"{len(body0)} B protobuf, {SPANS} spans/request, {args.conns} connections, "
+          f"{args.seconds:g} s per load phase")
+    raw1 = upb_rate(body0, SPANS, 2.0)
+    print(f"raw upb FromString (core 0, before): {raw1:12,.0f} spans/s")
+    val = upb_rate(body0, SPANS, 2.0, lambda b: validate_http(b, PB["Content-Type"], None))
+    dec = upb_rate(body0, SPANS, 2.0, lambda b: decode_http(b, PB["Content-Type"], None))
+    print(f"in process, core 0: validate_http {val:,.0f} spans/s (ratio to raw {val / raw1:.3f}), "
+          f"decode_http {dec:,.0f} spans/s (ratio {dec / raw1:.3f})")
+    rate_a = rate_b = e2e = float("nan")
+    root = Path(tempfile.mkdtemp(prefix="relyscope-bench-"))
+    try:
+        if "receiver" in phases:
+            rate_a = phase_receiver(root, tmpl, args)
+        if "worker" in phases:
+            rate_b, e2e = phase_worker(root, tmpl, args)
+        raw2 = upb_rate(body0, SPANS, 2.0)
+        print(f"raw upb FromString (core 0, after) : {raw2:12,.0f} spans/s")
+        if "memory" in phases:
+            phase_memory(root, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    raw = (raw1 + raw2) / 2
+    print(f"ratios to raw upb parse ({raw:,.0f} spans/s, mean of before/after): receiver alone "
+          f"{rate_a / raw:.3f}, receiver + worker {rate_b / raw:.3f}, end to end {e2e / raw:.4f}")
+    def verdict(r: float) -> str:
+        return "not measured" if r != r else ("OK" if r >= 50_000 else "BELOW")
+
+    print(f"target >= 50,000 spans/s accepted on one core: receiver alone {verdict(rate_a)}, "
+          f"with the worker competing {verdict(rate_b)}")
+
+
+if __name__ == "__main__":
+    main()
