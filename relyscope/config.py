@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "parse_hostport"]
+__all__ = ["Settings", "parse_hostport", "unknown_env_vars"]
 
 
 def parse_hostport(value: str) -> tuple[str, int]:
@@ -67,3 +67,39 @@ class Settings(BaseSettings):
     def _hostport(cls, v: str) -> str:
         parse_hostport(v)
         return v
+
+    @field_validator("store")
+    @classmethod
+    def _dsn(cls, v: str) -> str:
+        if not v.startswith(("chdb://", "http://", "https://")):
+            raise ValueError(f"unrecognised store DSN {v!r}: use chdb:///path (embedded), chdb://memory, "
+                             "or http(s)://user:password@host:8123/database")
+        return v
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        import re
+
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"invalid regular expression {p!r}: {e}") from None
+        return v
+
+    @field_validator("policy_file", "tls_cert_file", "tls_key_file")
+    @classmethod
+    def _exists(cls, v: str | None) -> str | None:
+        import os
+
+        if v is not None and not os.path.isfile(v):
+            raise ValueError(f"no such file: {v}")
+        return v
+
+
+def unknown_env_vars(environ: dict[str, str]) -> list[str]:
+    """``RELYSCOPE_*`` variables that name no setting (a typo is otherwise silently ignored)."""
+    known = {f"RELYSCOPE_{name.upper()}" for name in Settings.model_fields}
+    known |= {"RELYSCOPE_PROGRESS"}  # CLI-only switch
+    return sorted(k for k in environ if k.startswith("RELYSCOPE_") and k not in known)

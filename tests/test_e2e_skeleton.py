@@ -118,3 +118,19 @@ def test_demo_prints_pass_hat_1_to_5_and_c_out(tmp_path):
         assert f"pass^{k}" in g["metrics"]
     assert g["metrics"]["C_out"]["value"] is not None
     assert g["trials"] == 40  # 8 tasks x 5 trials
+
+
+def test_configure_follows_otel_exporter_otlp_protocol(sidecar, monkeypatch):
+    """configure() with no protocol honours OTEL_EXPORTER_OTLP_PROTOCOL like the OTel SDK does
+    (a fresh user's gRPC exporter aimed at :4318 silently lost every span)."""
+    from relyscope.instrumentation import agent_run, configure
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    tp = configure(sidecar.otlp_http, service_name="env-agent")
+    with agent_run("env-agent", task_id="t", tracer_provider=tp):
+        pass
+    tp.shutdown()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not sidecar.trials(agent="env-agent"):
+        time.sleep(0.3)
+    assert len(sidecar.trials(agent="env-agent")) == 1

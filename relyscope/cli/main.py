@@ -7,6 +7,7 @@ chDB lets one process open a data directory, so ``report`` asks the running side
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -27,8 +28,35 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
 import_app = typer.Typer(no_args_is_help=True, help="Import benchmark results as OTLP spans.")
 app.add_typer(import_app, name="import")
-console = Console()
+# piped output is not cut to 80 columns (tables stay readable in logs and files)
+console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
+
+
+class Fmt(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+class LogLevel(str, enum.Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"relyscope {version('relyscope')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """relyscope: reliability scoring for AI agents, from OpenTelemetry spans."""
 
 DEFAULT_API = "http://127.0.0.1:9464"
 
@@ -40,13 +68,21 @@ def _progress() -> Progress:
 
 def _settings(**overrides):
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
-    from relyscope.config import Settings
+    from relyscope.config import Settings, unknown_env_vars
 
+    for name in unknown_env_vars(dict(os.environ)):
+        err.print(f"[yellow]warning: {name} is not a relyscope setting (ignored); see relyscope/config.py[/yellow]")
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        err.print(f"[red]invalid configuration:[/red]\n{e}")
+        lines = [f"  {'.'.join(map(str, x['loc'])) or 'settings'}: {x['msg']}" for x in e.errors()]
+        err.print("[red]invalid configuration:[/red]\n" + "\n".join(lines))
+        raise typer.Exit(2) from None
+    except SettingsError as e:
+        err.print(f"[red]invalid configuration:[/red] {e}. List settings take JSON in the environment, "
+                  "e.g. RELYSCOPE_REDACT_DENY='[\"user.email\"]'")
         raise typer.Exit(2) from None
 
 
@@ -59,12 +95,12 @@ def serve(
     grace_period_s: Optional[float] = typer.Option(None, "--grace-period", help="seconds after the root ends before a trial is finalized"),
     spool_dir: Optional[str] = typer.Option(None, "--spool-dir", help="durable spool directory"),
     policy_file: Optional[str] = typer.Option(None, "--policy", help="safety policy YAML"),
-    log_level: str = typer.Option("info", help="debug|info|warning|error"),
+    log_level: LogLevel = typer.Option(LogLevel.info, help="log level"),
 ) -> None:
     """Run the sidecar until SIGINT/SIGTERM."""
     from relyscope.sidecar import Sidecar
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     s = _settings(store=store, otlp_grpc=otlp_grpc, otlp_http=otlp_http, api=api,
                   grace_period_s=grace_period_s, spool_dir=spool_dir, policy_file=policy_file)
     try:
@@ -127,7 +163,12 @@ def _fetch_report(api: str, token: Optional[str]) -> Optional[dict]:
         r = httpx.get(api.rstrip("/") + "/api/v1/report", headers=headers, timeout=30)
     except httpx.TransportError:
         return None
-    r.raise_for_status()
+    if r.status_code == 401:
+        err.print(f"[red]the sidecar at {api} requires a bearer token:[/red] pass --token or set RELYSCOPE_AUTH_TOKEN")
+        raise typer.Exit(2)
+    if r.status_code != 200:
+        err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
+        raise typer.Exit(1)
     return r.json()
 
 
@@ -162,16 +203,22 @@ def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None) -> dic
 
 @app.command()
 def report(
-    format: str = typer.Option("table", "--format", help="table | json"),
+    format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
     api: str = typer.Option(DEFAULT_API, "--api", help="URL of a running sidecar's API"),
     store: Optional[str] = typer.Option(None, help="open this store directly when no sidecar answers [RELYSCOPE_STORE]"),
     token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API"),
-    n_boot: int = typer.Option(2000, help="bootstrap resamples when scoring from the store"),
+    n_boot: int = typer.Option(2000, min=0, help="bootstrap resamples when scoring from the store"),
 ) -> None:
     """Print the reliability profile per agent / version / run kind."""
     rep = _fetch_report(api, token)
     if rep is None:
         dsn = store or _settings().store
+        if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
+            path = Path(dsn[len("chdb://"):])
+            if not path.exists():
+                err.print(f"[red]no sidecar answers at {api} and there is no store at {path}[/red] "
+                          "(start `relyscope serve`, or pass --api URL / --store DSN)")
+                raise typer.Exit(1)
         err.print(f"no sidecar at {api}; reading {dsn}")
         rep = _report_from_store(dsn, n_boot)
     _print_report(rep, format)
@@ -180,8 +227,8 @@ def report(
 @app.command()
 def score(
     files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="OTLP/JSON files (one request per file or per line)"),
-    format: str = typer.Option("table", "--format", help="table | json"),
-    n_boot: int = typer.Option(2000, help="bootstrap resamples (0: no CIs)"),
+    format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
+    n_boot: int = typer.Option(2000, min=0, help="bootstrap resamples (0: no CIs)"),
     policy: Optional[Path] = typer.Option(None, "--policy", exists=True, help="safety policy YAML"),
 ) -> None:
     """Score OTLP/JSON files offline: temporary embedded store, every trial finalized at end of input."""
@@ -195,21 +242,25 @@ def score(
     rejected = 0
     try:
         st = Store(f"chdb://{tmp}/data")
-        bodies = []
+        bodies = []  # (file, line number or None, body)
         for f in files:
             text = f.read_bytes()
             stripped = text.strip()
+            if not stripped:
+                err.print(f"[red]{f}: empty file (expected OTLP/JSON: one ExportTraceServiceRequest per file or per line)[/red]")
+                raise typer.Exit(1)
             if stripped.startswith(b"{") and b"\n{" in stripped:
-                bodies += [(f, ln) for ln in stripped.splitlines() if ln.strip()]
+                bodies += [(f, i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
             else:
-                bodies.append((f, stripped))
+                bodies.append((f, None, stripped))
         with _progress() as prog:
             task = prog.add_task("ingesting", total=len(bodies))
-            for f, body in bodies:
+            for f, line, body in bodies:
                 try:
                     res = decode_json(body)
                 except OTLPRequestError as e:
-                    err.print(f"[red]{f}: {e.message}[/red]")
+                    where = f"{f}:{line}" if line else str(f)
+                    err.print(f"[red]{where}: {e.message}[/red]")
                     raise typer.Exit(1) from None
                 rejected += res.rejected
                 st.insert_spans(res.spans)
@@ -227,8 +278,8 @@ def score(
     _print_report(_score_trials(trials, n_boot, str(policy) if policy else None), format)
 
 
-def _print_report(rep: dict, fmt: str) -> None:
-    if fmt == "json":
+def _print_report(rep: dict, fmt) -> None:
+    if getattr(fmt, "value", fmt) == "json":
         print(json.dumps(rep, indent=2))
         return
     from relyscope.cli.render import render_report
@@ -238,11 +289,11 @@ def _print_report(rep: dict, fmt: str) -> None:
 
 @app.command()
 def demo(
-    tasks: int = typer.Option(8, help="tasks of the simulated agent"),
-    trials: int = typer.Option(5, help="trials per task"),
+    tasks: int = typer.Option(8, min=1, help="tasks of the simulated agent"),
+    trials: int = typer.Option(5, min=1, help="trials per task"),
     seed: int = typer.Option(7),
     data_dir: Path = typer.Option(Path(".relyscope/demo"), help="embedded store of the demo (wiped first)"),
-    format: str = typer.Option("table", "--format", help="table | json"),
+    format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
 ) -> None:
     """Start a sidecar on the embedded store, run a simulated agent against it over OTLP, print the report."""
     from relyscope.demo.agent import run_demo

@@ -32,7 +32,7 @@ def _http_traces_url(endpoint: str) -> str:
 def configure(
     endpoint: str | None = None,
     *,
-    protocol: Literal["grpc", "http/protobuf"] = "grpc",
+    protocol: Literal["grpc", "http/protobuf"] | None = None,
     service_name: str = "agent",
     service_version: str | None = None,
     headers: Mapping[str, str] | None = None,
@@ -48,7 +48,8 @@ def configure(
             ``http://127.0.0.1:4318`` (HTTP; a base URL gets ``/v1/traces`` appended). ``None`` lets
             the exporter read the standard ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` variables
             (and its own defaults, localhost:4317 / localhost:4318/v1/traces).
-        protocol: ``"grpc"`` or ``"http/protobuf"``.
+        protocol: ``"grpc"`` or ``"http/protobuf"``; default: the standard
+            ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` variable, else gRPC.
         service_name / service_version: resource ``service.name`` / ``service.version`` (merged
             with ``OTEL_RESOURCE_ATTRIBUTES`` by the SDK's ``Resource.create``).
         headers: extra OTLP request headers (e.g. auth).
@@ -65,6 +66,11 @@ def configure(
 
     Raises ValueError for an unknown ``protocol``.
     """
+    if protocol is None:
+        import os
+
+        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                    or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
 

@@ -137,6 +137,7 @@ def score_all(trials: Sequence[Trial], policy: Policy | None = None, *, n_boot: 
     scores, extras = {}, {}
     for key, ts in groups.items():
         rv = review_group(ts, policy)
-        scores[key] = score_group(ts, severities=rv.severities, invalid=rv.invalid, n_boot=n_boot, seed=seed)
+        scores[key] = score_group(ts, severities=rv.severities if policy is not None else None,
+                                  invalid=rv.invalid, n_boot=n_boot, seed=seed)
         extras[key] = rv.extras
     return scores, extras

@@ -201,6 +201,10 @@ class Store:
             for ddl in SCHEMA:
                 self._client.command(ddl.format(db=self.db))
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
+            if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
+                raise StoreUnavailable(
+                    f"cannot open {self.dsn}: the data directory is in use by another process (chDB lets "
+                    "one process open a data directory; ask the running sidecar with --api instead)") from e
             raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
         self.write_errors = 0
         self.last_write_s = 0.0
