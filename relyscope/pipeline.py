@@ -473,11 +473,16 @@ class Pipeline:
         return True
 
     def _score_loop(self) -> None:
-        while not self._stop.wait(self.settings.score_interval_s):
+        # at start, score every group already in the store: after a restart the gauges and the
+        # report would otherwise stay empty until new spans arrive (dashboards go blank)
+        first = True
+        while first or not self._stop.wait(self.settings.score_interval_s):
             try:
-                self.rescore()
-            except Exception:  # noqa: BLE001
+                self.rescore(all_groups=first)
+                first = False
+            except Exception:  # noqa: BLE001 - store may be down: retry next interval
                 log.exception("scoring failed")
+                first = not self.scores
 
     def load_trials(self, **filters) -> list[Trial]:
         """Trials from the store with their outcomes resolved (metrics.md §6). Filters as

@@ -436,3 +436,35 @@ def test_late_span_then_sigkill_replays_whole_trace_without_duplicate_trial(tmp_
     # only the late span is replayed; the trial must still be the whole run, once
     check_trials(sc, {tid: spans})
     assert _stop_term(sc) == 0
+
+
+def test_scores_are_back_after_a_restart_without_new_spans(sidecar_factory):
+    """A restarted sidecar scores what its store holds: the report and /metrics are not blank
+    until new spans arrive (found by a fresh-user trial: dashboards went empty on every restart)."""
+    import httpx as _httpx
+
+    sc = sidecar_factory()
+    spans = []
+    for i, ok in enumerate([True, False, True, True]):
+        t0 = 1_760_000_000_000_000_000 + i * 10**10
+        spans.append({"traceId": f"{i + 77:032x}", "spanId": f"{i + 77:016x}", "name": "invoke_agent r",
+                      "kind": 1, "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t0 + 10**9),
+                      "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+                                     {"key": "gen_ai.agent.name", "value": {"stringValue": "restarted"}},
+                                     {"key": "relyscope.task.id", "value": {"stringValue": f"t{i % 2}"}},
+                                     {"key": "relyscope.outcome", "value": {"stringValue": "success" if ok else "failure"}}]})
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+    assert _httpx.post(sc.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+    sc.flush()
+    assert sc.kill() == 0
+    sc2 = sidecar_factory()
+    deadline = time.monotonic() + 30
+    groups = []
+    while time.monotonic() < deadline:
+        groups = [g for g in sc2.report()["groups"] if g["agent"] == "restarted"]
+        if groups:
+            break
+        time.sleep(0.3)
+    # t0: success, success → 1; t1: failure, success → 0.5; pass^1 = 0.75 — without any flush
+    assert groups and groups[0]["metrics"]["pass^1"]["value"] == 0.75
+    assert 'relyscope_score{agent="restarted"' in sc2.get("/metrics").text
