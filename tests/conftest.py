@@ -18,9 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-if not SHARED.exists():  # CI clones elsewhere, with shared/ beside the clone
-    SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+def _find_shared() -> Path:
+    """shared/ (test data written by others): $RELYSCOPE_SHARED, else beside the clone (as CI lays
+    it out), else the workplace's /work/shared."""
+    for cand in (os.environ.get("RELYSCOPE_SHARED"), Path(__file__).resolve().parents[1].parent / "shared",
+                 "/work/shared"):
+        if cand and (Path(cand) / "data").is_dir():
+            return Path(cand)
+    raise RuntimeError("shared/ test data not found: set RELYSCOPE_SHARED")
+
+
+SHARED = _find_shared()
 DATA = SHARED / "data"
 TAU_FILE = DATA / "tau-bench" / "gpt-4o-airline.json"
 BIN = Path(sys.executable).parent / "relyscope"

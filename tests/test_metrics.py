@@ -19,8 +19,9 @@ import pytest
 from sklearn.metrics import brier_score_loss, roc_auc_score
 
 from relyscope.scorers import metrics as M
+from conftest import DATA
 
-TAU_FILE = Path("/work/shared/data/tau-bench/gpt-4o-airline.json")
+TAU_FILE = (DATA / "tau-bench/gpt-4o-airline.json")
 
 
 # --- independent oracles -----------------------------------------------------------------------

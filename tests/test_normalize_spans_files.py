@@ -14,8 +14,9 @@ import pytest
 from relyscope.collector import otlp
 from relyscope.collector.normalize import normalize
 from relyscope.model import Op
+from conftest import DATA
 
-SPANS_DIR = Path("/work/shared/data/spans")
+SPANS_DIR = (DATA / "spans")
 
 # (file, span_id) -> expected SpanSemantics fields (fields not named here must be None / empty,
 # see _ALWAYS_EMPTY_UNLESS_GIVEN).

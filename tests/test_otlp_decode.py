@@ -42,8 +42,9 @@ from relyscope.collector.otlp import (
     encode_status,
 )
 from relyscope.model import CanonicalSpan, SpanEvent
+from conftest import DATA
 
-BUGCASES = Path("/work/shared/data/bugcases")
+BUGCASES = (DATA / "bugcases")
 JSON_CT = "application/json"
 PB_CT = "application/x-protobuf"
 TRACE = "5b8efff798038103d269b633813fc60c"

@@ -20,6 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from conftest import DATA
+
 from relyscope.collector.otlp import (
     DecodeResult,
     Limits,
@@ -29,8 +31,8 @@ from relyscope.collector.otlp import (
     encode_status,
 )
 
-BUGCASES = Path("/work/shared/data/bugcases")
-SPANS = Path("/work/shared/data/spans")
+BUGCASES = (DATA / "bugcases")
+SPANS = (DATA / "spans")
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 LIMITS = Limits(max_body_bytes=1 << 20, max_attributes=8, max_attribute_length=64, max_events=4)

@@ -11,8 +11,9 @@ import pytest
 
 from relyscope.model import Op, Step, Trial
 from relyscope.scorers.profile import GroupScore, metric_keys, score_group
+from conftest import DATA
 
-TAU_FILE = Path("/work/shared/data/tau-bench/gpt-4o-airline.json")
+TAU_FILE = (DATA / "tau-bench/gpt-4o-airline.json")
 
 
 def step(i: int, action: str) -> Step:

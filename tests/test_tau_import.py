@@ -13,8 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from relyscope.importers.tau_bench import count_runs, names_from_path, replay_tau_bench
+from conftest import DATA
 
-DATA = Path("/work/shared/data/tau-bench/gpt-4o-airline.json")
+DATA = (DATA / "tau-bench/gpt-4o-airline.json")
 
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason="tau-bench data not present")
 
