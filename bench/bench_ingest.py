@@ -27,12 +27,9 @@ Run: ``.venv/bin/python bench/bench_ingest.py [--seconds 8] [--conns 4] [--trace
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +43,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from relyscope.collector.otlp import decode_http, validate_http
+from relyscope.testing import start_sidecar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ingest_decode import build_request  # noqa: E402
@@ -102,46 +100,16 @@ class Sidecar:
     """``relyscope serve`` on free loopback ports, pinned to core 0; stopped by its PID."""
 
     def __init__(self, data_dir: Path, extra_env: dict | None = None):
-        env = dict(os.environ)
-        env.update({
-            "RELYSCOPE_STORE": f"chdb://{data_dir}/data",
-            "RELYSCOPE_SPOOL_DIR": str(data_dir / "spool"),
-            "RELYSCOPE_OTLP_GRPC": "127.0.0.1:0",
-            "RELYSCOPE_OTLP_HTTP": "127.0.0.1:0",
-            "RELYSCOPE_API": "127.0.0.1:0",
-            "RELYSCOPE_GRACE_PERIOD_S": "0.3",
-            "RELYSCOPE_SCORE_INTERVAL_S": "5",
-            "RELYSCOPE_N_BOOT": "200",
-        })
-        env.update(extra_env or {})
-        cmd = [str(BIN), "serve", "--log-level", "warning"]
-        if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1:
-            cmd = ["taskset", "-c", "0", *cmd]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        deadline = time.monotonic() + 90
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("{") and '"listening"' in line:
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError("sidecar exited during start")
-        else:
-            self.stop()
-            raise RuntimeError("sidecar did not start in time")
-        info = json.loads(line)
-        self.http = f"http://127.0.0.1:{info['otlp_http']}"
-        self.api = f"http://127.0.0.1:{info['api']}"
+        cpu = 0 if (os.cpu_count() or 1) > 1 else None
+        self.sc = start_sidecar(data_dir, extra_env={"RELYSCOPE_SCORE_INTERVAL_S": "5", **(extra_env or {})},
+                                timeout_s=90, cpu=cpu)
+        self.proc = self.sc.proc
+        self.http = self.sc.otlp_http
+        self.api = self.sc.api
 
     def status(self) -> dict[str, int]:
         """VmRSS / VmHWM of the sidecar process, KiB."""
-        out = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "VmHWM"):
-                out[k] = int(v.split()[0])
-        return out
+        return self.sc.vm_status()
 
     def stored_spans(self) -> int:
         r = httpx.get(self.api + "/api/v1/spans", timeout=120)
@@ -154,15 +122,7 @@ class Sidecar:
         return float("nan")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc.stdout:
-            self.proc.stdout.close()
+        self.sc.kill(wait_s=60)
 
 
 # ---- load ---------------------------------------------------------------------------------------

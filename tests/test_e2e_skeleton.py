@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
-import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter

@@ -12,7 +12,6 @@ import math
 import random
 from fractions import Fraction
 from itertools import combinations
-from pathlib import Path
 
 import numpy as np
 import pytest

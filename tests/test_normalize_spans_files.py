@@ -7,7 +7,6 @@ from the file, totals added by hand), not from the code's output. Spans are deco
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

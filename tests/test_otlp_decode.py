@@ -13,7 +13,6 @@ import gzip
 import json
 import tracemalloc
 import zlib
-from pathlib import Path
 
 import pytest
 import zstandard

@@ -12,7 +12,6 @@ import copy
 import gzip
 import json
 import random
-from pathlib import Path
 
 from google.protobuf import json_format
 from google.rpc import status_pb2

@@ -22,7 +22,6 @@ import gzip
 import json
 import subprocess
 import sys
-import time
 
 import grpc
 import httpx
