@@ -38,6 +38,7 @@ def test_late_outcome_changes_success_and_pass_hat_k(sidecar):
     # the outcome for the 4th run arrives "hours later", keyed by trace id
     r = sidecar.post("/api/v1/outcomes", json={"trace_id": TRACE.format(4), "success": True, "source": "user_feedback"})
     assert r.status_code == 200, r.text
+    assert r.json()["known"] is True
     g = [g for g in sidecar.report()["groups"] if g["agent"] == "late-agent"][0]
     # B now 1/2: pass^1 = (1 + 0.5)/2 = 0.75; pass^2 = (1 + 0)/2 = 0.5
     assert g["metrics"]["pass^1"]["value"] == 0.75
@@ -59,6 +60,14 @@ def test_late_outcome_changes_success_and_pass_hat_k(sidecar):
     # A 1/2, B 1/2 → pass^1 = 0.5, pass^2 = 0
     assert g["metrics"]["pass^1"]["value"] == 0.5
     assert g["metrics"]["pass^2"]["value"] == 0.0
+
+
+def test_outcome_for_an_unseen_trace_is_kept_and_flagged_unknown(sidecar):
+    r = sidecar.post("/api/v1/outcomes", json={"trace_id": "ff" * 16, "success": True})
+    assert r.status_code == 200 and r.json()["known"] is False
+    r = sidecar.post("/api/v1/outcomes", content=b"{" + b" " * (2 << 20) + b"}",
+                     headers={"content-type": "application/json"})
+    assert r.status_code == 413
 
 
 def test_outcome_api_rejects_bad_bodies(sidecar):

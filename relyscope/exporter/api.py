@@ -20,6 +20,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -32,7 +33,9 @@ from relyscope.store import StoreUnavailable
 if TYPE_CHECKING:
     from relyscope.pipeline import Pipeline
 
-__all__ = ["create_api_app", "OutcomeIn"]
+__all__ = ["create_api_app", "OutcomeIn", "MAX_API_BODY_BYTES"]
+
+MAX_API_BODY_BYTES = 1 << 20  # the API takes small JSON bodies only
 
 
 class OutcomeIn(BaseModel):
@@ -60,6 +63,13 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     """Build the management app around a running pipeline."""
     app = FastAPI(title="relyscope", version="0.1.0")
     registry = build_registry(pipeline)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > MAX_API_BODY_BYTES:
+            return JSONResponse({"detail": f"request body over {MAX_API_BODY_BYTES} bytes"}, status_code=413)
+        return await call_next(request)
 
     def auth(request: Request) -> None:
         if not check_bearer(request.headers.get("authorization"), token):
@@ -128,10 +138,13 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         try:
             await run_in_threadpool(pipeline.store.insert_outcome, key, kind, outcome, body.score,
                                     body.source, verifier=body.verifier)
+            known = await run_in_threadpool(pipeline.store.trial_known, kind, key)
             await run_in_threadpool(pipeline.rescore, all_groups=True)
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
-        return {"status": "recorded", "key_kind": kind, "key": key, "outcome": outcome}
+        # an outcome may legitimately arrive before its trial is finalized; "known" tells a caller
+        # whether it already applies (a typo in an id shows up as false)
+        return {"status": "recorded", "key_kind": kind, "key": key, "outcome": outcome, "known": known}
 
     @app.post("/api/v1/flush", dependencies=[Depends(auth)])
     async def flush(timeout_s: float = Query(30.0, gt=0, le=600)) -> dict:

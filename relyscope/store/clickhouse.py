@@ -334,6 +334,11 @@ class Store:
         """Stored spans, each (trace id, span id) once."""
         return self.query("SELECT count() FROM {db}.otel_traces FINAL")[0][0]
 
+    def trial_known(self, key_kind: str, key: str) -> bool:
+        """Whether a finalized trial exists for this trial id (``key_kind="trial"``) or trace id."""
+        col = "trial_id" if key_kind == "trial" else "trace_id"
+        return bool(self.query(f"SELECT count() FROM {{db}}.trials WHERE {col} = %(k)s", {"k": key})[0][0])
+
     def span_counts(self) -> dict:
         """``{"spans": distinct stored spans, "rows": rows before dedup merges, "trials": n}``."""
         spans = self.count_spans()
