@@ -48,6 +48,9 @@ dict operations; a trace is assembled only when it is due (once per finalization
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 import bisect
 import hashlib
 import heapq
@@ -435,6 +438,9 @@ def _key(t: Trial) -> _TrialKey:
     return (t.trial_id, t.agent_name, t.agent_version, t.run_kind)
 
 
+_NO_ATTRS = types.MappingProxyType({})  # shared, read-only
+
+
 class TrajectoryBuilder:
     """Streaming trial assembly. See the module docstring for the finalization rules.
 
@@ -482,6 +488,10 @@ class TrajectoryBuilder:
         new = 0
         touched: dict[str, _Trace] = {}
         for span, sem in items:
+            # keep only what assembly reads: attributes and events (prompts, messages: most of a
+            # span's memory) are already in ``sem`` and in the store
+            if span.attributes or span.events:
+                span = dataclasses.replace(span, attributes=_NO_ATTRS, events=())
             tid = span.trace_id
             tr = touched.get(tid) or self._traces.get(tid)
             if tr is None:
@@ -491,7 +501,7 @@ class TrajectoryBuilder:
                     continue
                 tr = self._traces[tid] = _Trace()
             old = tr.spans.get(span.span_id)
-            if old is not None and old[0] == span:
+            if old is not None and old[0] == span and old[1] == sem:
                 continue  # exact re-send: nothing changes
             if old is not None and _is_root_candidate(*old):
                 tr.root_candidates -= 1
