@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")
     root_timeout_s: float = Field(300.0, gt=0, description="finalize a trace with no root as incomplete after this idle time")
     score_interval_s: float = Field(10.0, gt=0, description="how often group scores and gauges are recomputed")
+    score_window_s: float | None = Field(
+        None, gt=0, description="rolling window of the live scores: trials that ended in the last N seconds "
+        "(offline imports always count); None = all stored trials")
     n_boot: int = Field(2000, ge=0, description="bootstrap resamples for CIs (0 disables)")
     auth_token: SecretStr | None = Field(None, description="bearer token required on OTLP and the API when set")
     tls_cert_file: str | None = None

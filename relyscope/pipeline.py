@@ -507,12 +507,24 @@ class Pipeline:
         judged = self.store.judgements() if self.settings.judge_url else None
         return apply_outcomes(self.store.load_trials(**filters), self.store.outcomes(), judged)
 
+    def _windowed_trials(self, **filters) -> list[Trial]:
+        """Trials to score: with ``score_window_s`` set, those that ended within the window (rolling
+        metrics), except offline imports, which always count; else every stored trial."""
+        window = self.settings.score_window_s
+        if window is None or filters.get("run_kind") == "offline":
+            return self.load_trials(**filters)
+        since = time.time_ns() - int(window * 1e9)
+        recent = [t for t in self.load_trials(**filters, since_ns=since) if t.run_kind != "offline"]
+        if "run_kind" in filters:
+            return recent
+        return recent + self.load_trials(**{**filters, "run_kind": "offline"})
+
     def _resolved_trials(self, **filters) -> list[Trial]:
-        trials = self.load_trials(**filters)
+        trials = self._windowed_trials(**filters)
         if self.settings.judge_url:
             undecided = [t for t in trials if t.outcome == "unknown" and t.status == "complete"]
             if undecided and self._judge(undecided):
-                trials = self.load_trials(**filters)
+                trials = self._windowed_trials(**filters)
         return trials
 
     def _judge(self, trials: list[Trial]) -> int:
