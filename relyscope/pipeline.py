@@ -143,6 +143,7 @@ class Pipeline:
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
         spool_dir = settings.spool_dir or _default_spool_dir(store.dsn)
+        self.spool_dir = spool_dir
         self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
                            segment_bytes=spool_segment_bytes(settings))
         self.builder = TrajectoryBuilder(grace_s=settings.grace_period_s,
@@ -159,6 +160,8 @@ class Pipeline:
         # records already in the spool when it was opened are a replay (see _rehydrate)
         self._replay_until: int = self.spool.last_seq
         self._rehydrated: set[str] = set()
+        self._single_until = 0  # process spool records one at a time up to this sequence
+        self._strikes: dict[int, int] = {}  # record → writes refused while the store was up
         self._record_traces: collections.deque[tuple[int, frozenset[str]]] = collections.deque()
         self._pending_trials: list[Trial] = []  # finalized, not yet stored (store down)
         self._retry_at = 0.0  # monotonic time before which the worker does not retry the store
@@ -368,7 +371,8 @@ class Pipeline:
         # cost ~2x more per span in batches of 512 than of 8192 (bench/README.md)
         batch: list[tuple[int, DecodeResult]] = []
         n_spans = 0
-        while n_spans < _INSERT_BATCH_SPANS and len(batch) < 256 and not self._queue_empty():
+        single = self._next_seq <= self._single_until  # narrowing down an unstorable record
+        while n_spans < _INSERT_BATCH_SPANS and len(batch) < (1 if single else 256) and not self._queue_empty():
             took = self._take()
             if took is None:
                 break
@@ -392,6 +396,8 @@ class Pipeline:
                         self._mem[seq] = res
                         self._mem.move_to_end(seq, last=False)
                     self._next_seq = batch[0][0]
+                if self.store.ping():  # the store is up: the data itself cannot be stored
+                    self._unstorable(batch)
                 return False
             self._store_ok()
             self.stats.store_write_seconds.append(self.store.last_write_s)
@@ -411,16 +417,51 @@ class Pipeline:
         self._open_traces = self.builder.open_traces
         return did and stored
 
+    def _unstorable(self, batch: list[tuple[int, DecodeResult]]) -> None:
+        """A write failed while the store answers: some record's data cannot be stored. Narrow
+        down by writing one record at a time; a single record refused twice with the store up is
+        quarantined (kept as a file in ``<spool dir>.quarantine``, its spans counted rejected as
+        ``unstorable``) so that it cannot block every record behind it forever."""
+        self._retry_at = 0.0  # not an outage: go on at once
+        if len(batch) > 1:
+            self._single_until = batch[-1][0]
+            return
+        seq, res = batch[0]
+        self._strikes[seq] = self._strikes.get(seq, 0) + 1
+        if self._strikes[seq] < 2:
+            return
+        del self._strikes[seq]
+        qdir = self.spool_dir.rstrip("/") + ".quarantine"
+        os.makedirs(qdir, exist_ok=True)
+        recs = self.spool.read_from(seq, max_records=1)
+        if recs and recs[0][0] == seq:
+            with open(os.path.join(qdir, f"{seq:020d}.otlp"), "wb") as f:
+                f.write(recs[0][1])
+        n = len(res.spans)
+        self.stats.rejected["unstorable"] += n
+        log.error("spool record %d (%d spans) cannot be stored; quarantined in %s: %s",
+                  seq, n, qdir, self._last_error)
+        self._record_traces.append((seq, frozenset()))
+        self._advance(seq)
+
     def _rehydrate(self, seq: int, spans: list[CanonicalSpan]) -> tuple[list[CanonicalSpan], set[str]]:
-        """For a replayed record: the stored spans of its traces not seen since this start (they
-        may belong to records committed before a crash). Raises StoreUnavailable."""
-        if seq > self._replay_until or not spans:
+        """The stored spans of this record's traces that the builder has no state for — after a
+        restart (a replayed record, or a late span of a trace finalized before the restart), so a
+        trace is always assembled whole — and declares the trials already stored for them so
+        superseded ones get tombstones. One primary-key lookup per call for live records.
+        Raises StoreUnavailable."""
+        if not spans:
             return [], set()
         ask = {s.trace_id for s in spans} - self._rehydrated
+        ask = {t for t in ask if not self.builder.knows(t)}
+        if ask and seq > self._replay_until:
+            ask = self.store.traces_present(ask)  # fresh traces: nothing stored, nothing to load
         if not ask:
             return [], set()
+        for t in self.store.load_trials(trace_ids=ask):
+            self.builder.remember_emitted(t.trace_id, [t])
         have = {s.key for s in spans}
-        return [s for s in load_stored_spans(self.store, ask) if s.key not in have], ask
+        return [s for s in self.store.load_spans(ask) if s.key not in have], ask
 
     def _emit(self, trials: list[Trial]) -> bool:
         """Store finalized trials (with any earlier ones the store refused). False while the store
@@ -610,36 +651,8 @@ _STATUS_CODE = {"Unset": 0, "Ok": 1, "Error": 2}
 
 
 def load_stored_spans(store: Store, trace_ids: Iterable[str]) -> list[CanonicalSpan]:
-    """The spans the store holds for ``trace_ids`` (``otel_traces FINAL``), as CanonicalSpans.
-
-    Lossy where the store is: attribute values come back as the strings they were stored as
-    (ints ``"10"``, bools ``"true"``, lists/dicts as JSON; the normalizers accept these), and
-    ``raw_end_ns`` is only known for a span flagged ``missing_end`` (0). Times keep full ns.
-    Raises StoreUnavailable. (Belongs in :mod:`relyscope.store.clickhouse` as ``Store.load_spans``.)
-    """
-    ids = sorted(set(trace_ids))
-    if not ids:
-        return []
-    rows = store.query(
-        "SELECT toUnixTimestamp64Nano(Timestamp), TraceId, SpanId, ParentSpanId, TraceState, SpanName,"
-        " SpanKind, ResourceAttributes, ScopeName, ScopeVersion, SpanAttributes, Duration, StatusCode,"
-        " StatusMessage, arrayMap(x -> toUnixTimestamp64Nano(x), `Events.Timestamp`), `Events.Name`,"
-        " `Events.Attributes`, `Links.TraceId`, `Links.SpanId`, RelyscopeFlags"
-        " FROM {db}.otel_traces FINAL WHERE has(%(ids)s, TraceId)", {"ids": ids})
-    out = []
-    for (start, tid, sid, parent, tstate, name, kind, res, scope, scope_v, attrs, dur, status,
-         status_msg, ev_ts, ev_names, ev_attrs, l_tids, l_sids, flags) in rows:
-        flags = frozenset(flags)
-        out.append(CanonicalSpan(
-            trace_id=tid, span_id=sid, parent_span_id=parent, name=name,
-            kind=_KIND_CODE.get(kind, 0), start_ns=int(start), end_ns=int(start) + int(dur),
-            status_code=_STATUS_CODE.get(status, 0), status_message=status_msg,
-            attributes=dict(attrs), resource=dict(res), scope_name=scope, scope_version=scope_v,
-            events=tuple(SpanEvent(n, int(t), dict(a)) for t, n, a in zip(ev_ts, ev_names, ev_attrs)),
-            links=tuple(zip(l_tids, l_sids)), trace_state=tstate, flags=flags,
-            raw_end_ns=0 if "missing_end" in flags else None,
-        ))
-    return out
+    """The spans the store holds for ``trace_ids`` (see :meth:`relyscope.store.Store.load_spans`)."""
+    return store.load_spans(trace_ids)
 
 
 def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:

@@ -468,3 +468,61 @@ def test_scores_are_back_after_a_restart_without_new_spans(sidecar_factory):
     # t0: success, success → 1; t1: failure, success → 0.5; pass^1 = 0.75 — without any flush
     assert groups and groups[0]["metrics"]["pass^1"]["value"] == 0.75
     assert 'relyscope_score{agent="restarted"' in sc2.get("/metrics").text
+
+
+def test_time_beyond_datetime64_does_not_block_ingestion(sidecar_factory):
+    """A reviewer's repro: one span with a timestamp ≥ 2^63 (valid fixed64, but beyond ClickHouse
+    DateTime64) made every insert fail, the worker retry forever and the spool fill. The decoder
+    now flags such times (``invalid_time``) and treats them as missing; the span and the ones
+    after it are stored."""
+    import httpx as _httpx
+
+    sc = sidecar_factory()
+    bad = {"traceId": "ee" * 16, "spanId": "01" * 8, "name": "far future", "kind": 1,
+           "startTimeUnixNano": str(2**63 + 5), "endTimeUnixNano": str(2**64 - 1),
+           "events": [{"name": "e", "timeUnixNano": str(2**63)}]}
+    good = {"traceId": "ef" * 16, "spanId": "02" * 8, "name": "ok", "kind": 1,
+            "startTimeUnixNano": "1760000000000000000", "endTimeUnixNano": "1760000001000000000"}
+    for span in (bad, good):
+        body = {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}
+        assert _httpx.post(sc.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+    sc.flush()
+    keys = {tuple(k) for k in sc.get("/api/v1/spans", params={"keys": "true"}).json()["keys"]}
+    assert {("ee" * 16, "01" * 8), ("ef" * 16, "02" * 8)} <= keys
+
+
+def test_late_root_after_restart_assembles_whole_trace_and_supersedes_the_virtual_trial(sidecar_factory):
+    """A reviewer's repro: a trace finalized before a restart (here by flush: children, no root)
+    whose root arrives after the restart became a step-less 'complete' trial beside the stale
+    virtual one. The restarted sidecar now loads the trace's stored spans and trials first."""
+    import httpx as _httpx
+
+    tid, root = "ab" * 16, "a1" * 8
+
+    def span(sid, name, parent, attrs):
+        return {"traceId": tid, "spanId": sid, "parentSpanId": parent, "name": name, "kind": 1,
+                "startTimeUnixNano": "1760000001000000000", "endTimeUnixNano": "1760000002000000000",
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]}
+
+    children = [span("b2" * 8, "chat m", root, {"gen_ai.operation.name": "chat"}),
+                span("c3" * 8, "execute_tool lookup", root,
+                     {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"})]
+    sc = sidecar_factory()
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": children}]}]}
+    assert _httpx.post(sc.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+    sc.flush()
+    assert [t["status"] for t in sc.trials()] == ["incomplete"]
+    assert sc.kill() == 0
+
+    sc2 = sidecar_factory()
+    rootspan = span(root, "invoke_agent late", "", {"gen_ai.operation.name": "invoke_agent",
+                                                     "gen_ai.agent.name": "late-root"})
+    rootspan["startTimeUnixNano"], rootspan["endTimeUnixNano"] = "1760000000000000000", "1760000003000000000"
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": [rootspan]}]}]}
+    assert _httpx.post(sc2.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+    sc2.flush()
+    trials = sc2.trials()
+    assert len(trials) == 1, trials
+    t = trials[0]
+    assert t["status"] == "complete" and t["agent_name"] == "late-root"
+    assert t["actions"] == ["llm", "lookup"] and t["tool_calls"] == 1

@@ -280,7 +280,25 @@ class _Batch:
         return r
 
 
+# ClickHouse DateTime64(9) holds 1900-01-01 .. 2262-04-11; OTLP's fixed64 goes to 2^64. A time
+# beyond int64 can never be stored (and once blocked the writer for good): flag it, treat as missing.
+_MAX_TIME_NS = (1 << 63) - 1
+
+
+def _event_time(t: int, fl: set) -> int:
+    if t > _MAX_TIME_NS:
+        fl.add("invalid_time")
+        return 0
+    return t
+
+
 def _times(start: int, end: int, fl: set) -> tuple[int, int, int | None]:
+    if start > _MAX_TIME_NS:
+        fl.add("invalid_time")
+        start = 0
+    if end > _MAX_TIME_NS:
+        fl.add("invalid_time")
+        end = 0
     if start == 0:
         fl.add("missing_start")
     if end < start:
@@ -412,7 +430,7 @@ def _span_pb(sp: Any, resource: dict, scope_name: str, scope_version: str, lim: 
         if len(evs) > lim.max_events:
             fl.add("dropped_events")
             evs = evs[: lim.max_events]
-        events = tuple(SpanEvent(e.name, e.time_unix_nano, _attrs_pb(e.attributes, lim, fl))
+        events = tuple(SpanEvent(e.name, _event_time(e.time_unix_nano, fl), _attrs_pb(e.attributes, lim, fl))
                        for e in evs)
     links: tuple[tuple[str, str], ...] = ()
     if sp.links:
@@ -938,7 +956,7 @@ def _span_json(sp: Any, resource: dict, scope_name: str, scope_version: str, cx:
                     fl.add("invalid_events")
                     continue
                 out.append(SpanEvent(_str(e.get("name"), fl),
-                                     _json_time(g(e, "timeUnixNano", "time_unix_nano"), fl),
+                                     _event_time(_json_time(g(e, "timeUnixNano", "time_unix_nano"), fl), fl),
                                      _attrs_json(e.get("attributes"), cx, fl, lim.max_attributes)))
             events = tuple(out)
     links: tuple[tuple[str, str], ...] = ()

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 import clickhouse_connect
 
-from relyscope.model import CanonicalSpan, Evaluation, Op, Step, Trial
+from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
 __all__ = ["Store", "StoreUnavailable", "open_store", "resolve_dsn"]
 
@@ -334,6 +334,54 @@ class Store:
         """Stored spans, each (trace id, span id) once."""
         return self.query("SELECT count() FROM {db}.otel_traces FINAL")[0][0]
 
+    def load_spans(self, trace_ids: Iterable[str]) -> list[CanonicalSpan]:
+        """The spans stored for ``trace_ids`` (``otel_traces FINAL``), as CanonicalSpans.
+
+        Lossy where the table is: attribute values come back as the strings they were stored as
+        (ints ``"10"``, bools ``"true"``, lists/dicts as JSON; the normalizers accept these). Times
+        keep full ns; ``raw_end_ns`` from ``RelyscopeRawEndNs``. Raises StoreUnavailable."""
+        ids = sorted(set(trace_ids))
+        if not ids:
+            return []
+        rows = self.query(
+            "SELECT toUnixTimestamp64Nano(Timestamp), TraceId, SpanId, ParentSpanId, TraceState, SpanName,"
+            " SpanKind, ResourceAttributes, ScopeName, ScopeVersion, SpanAttributes, Duration, StatusCode,"
+            " StatusMessage, arrayMap(x -> toUnixTimestamp64Nano(x), `Events.Timestamp`), `Events.Name`,"
+            " `Events.Attributes`, `Links.TraceId`, `Links.SpanId`, RelyscopeFlags, RelyscopeRawEndNs"
+            " FROM {db}.otel_traces FINAL WHERE TraceId IN %(ids)s", {"ids": ids})
+        kinds = {v: k for k, v in _SPAN_KIND.items()}
+        statuses = {v: k for k, v in _STATUS.items()}
+        out = []
+        for (start, tid, sid, parent, tstate, name, kind, res, scope, scope_v, attrs, dur, status,
+             status_msg, ev_ts, ev_names, ev_attrs, l_tids, l_sids, flags, raw_end) in rows:
+            out.append(CanonicalSpan(
+                trace_id=tid, span_id=sid, parent_span_id=parent, name=name,
+                kind=kinds.get(kind, 0), start_ns=int(start), end_ns=int(start) + int(dur),
+                status_code=statuses.get(status, 0), status_message=status_msg,
+                attributes=dict(attrs), resource=dict(res), scope_name=scope, scope_version=scope_v,
+                events=tuple(SpanEvent(n, int(t), dict(a)) for t, n, a in zip(ev_ts, ev_names, ev_attrs)),
+                links=tuple(zip(l_tids, l_sids)), trace_state=tstate, flags=frozenset(flags),
+                raw_end_ns=int(raw_end) if raw_end is not None else None,
+            ))
+        return out
+
+    def traces_present(self, trace_ids: Iterable[str]) -> set[str]:
+        """Which of ``trace_ids`` already have spans stored (one primary-key lookup)."""
+        ids = sorted(set(trace_ids))
+        if not ids:
+            return set()
+        return {r[0] for r in self.query(
+            "SELECT DISTINCT TraceId FROM {db}.otel_traces WHERE TraceId IN %(ids)s", {"ids": ids})}
+
+    def ping(self) -> bool:
+        """Whether the store answers (and no chaos fault file says it is down)."""
+        if self.fault_file and os.path.exists(self.fault_file):
+            return False
+        try:
+            return self.query("SELECT 1")[0][0] == 1
+        except StoreUnavailable:
+            return False
+
     def trial_known(self, key_kind: str, key: str) -> bool:
         """Whether a finalized trial exists for this trial id (``key_kind="trial"``) or trace id."""
         col = "trial_id" if key_kind == "trial" else "trace_id"
@@ -365,7 +413,7 @@ class Store:
 
     def load_trials(self, *, agent: str | None = None, version: str | None = None,
                     run_kind: str | None = None, since_ns: int | None = None,
-                    until_ns: int | None = None) -> list[Trial]:
+                    until_ns: int | None = None, trace_ids: Iterable[str] | None = None) -> list[Trial]:
         """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
         outcome their spans carried (posted outcomes are resolved by the scorers, not here)."""
         where, params = ["1"], {}
@@ -379,6 +427,9 @@ class Store:
         if until_ns is not None:
             where.append("end_time < fromUnixTimestamp64Nano(%(until)s)")
             params["until"] = until_ns
+        if trace_ids is not None:
+            where.append("trace_id IN %(tids)s")
+            params["tids"] = sorted(set(trace_ids)) or [""]
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")

@@ -482,6 +482,21 @@ class TrajectoryBuilder:
     def _due_at(self, tr: _Trace) -> float:
         return tr.last_seen + (self.grace_s if tr.root_candidates else self.root_timeout_s)
 
+    def knows(self, trace_id: str) -> bool:
+        """Whether this builder holds (or has evicted) state for the trace since it started."""
+        tr = self._traces.get(trace_id)
+        return bool(tr is not None and tr.spans) or trace_id in self._evicted
+
+    def remember_emitted(self, trace_id: str, trials: Iterable[Trial]) -> None:
+        """Declare trials already stored for a trace (by an earlier process), so that
+        re-finalizing it tombstones any of them it no longer produces. Call before :meth:`add`
+        of the trace's stored spans."""
+        tr = self._traces.get(trace_id)
+        if tr is None:
+            tr = self._traces[trace_id] = _Trace(dirty=False)
+        for t in trials:
+            tr.emitted.setdefault(_key(t), t)
+
     def add(self, items: Iterable[tuple[CanonicalSpan, SpanSemantics]], now: float) -> int:
         """Buffer spans (any order, any batching). Returns the number of new spans (not exact
         re-sends). O(1) dict operations per span; nothing is assembled here."""
