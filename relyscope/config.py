@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     score_window_s: float | None = Field(
         None, gt=0, description="rolling window of the live scores: trials that ended in the last N seconds "
         "(offline imports always count); None = all stored trials")
+    max_k: int = Field(20, ge=1, description="largest k of pass@k / pass^k reported (bounds gauges and "
+                       "cost when a fingerprinted task repeats thousands of times)")
     n_boot: int = Field(2000, ge=0, description="bootstrap resamples for CIs (0 disables)")
     auth_token: SecretStr | None = Field(None, description="bearer token required on OTLP and the API when set")
     tls_cert_file: str | None = None

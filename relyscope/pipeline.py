@@ -94,7 +94,8 @@ class Stats:
     requests: collections.Counter = field(default_factory=collections.Counter)  # by outcome
     trials_finalized: int = 0
     store_errors: int = 0
-    store_write_seconds: list = field(default_factory=list)  # recent samples, drained by exporter
+    # recent write latencies, drained by the exporter's histogram; bounded if nobody scrapes
+    store_write_seconds: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4096))
     backpressure: int = 0
 
 
@@ -154,7 +155,8 @@ class Pipeline:
         self._cv = threading.Condition()
         # seq -> decoded batch (JSON, or a batch the store refused) or spool payload (protobuf)
         self._mem: collections.OrderedDict[int, DecodeResult | bytes] = collections.OrderedDict()
-        self._mem_bytes = 0  # bytes of the payloads in _mem
+        self._mem_bytes = 0  # memory charged for the entries of _mem
+        self._mem_cost: dict[int, int] = {}
         # next spool sequence the worker processes; everything committed is done
         self._next_seq: int = self.spool.committed_seq + 1
         # records already in the spool when it was opened are a replay (see _rehydrate)
@@ -262,11 +264,12 @@ class Pipeline:
         with self._cv:
             # the worker may have read this record from the spool already: cache only if not
             if seq >= self._next_seq and len(self._mem) < self.settings.queue_max_batches:
-                if is_json:
-                    self._mem[seq] = result.decoded
-                elif self._mem_bytes + len(payload) <= _MEM_MAX_BYTES:
-                    self._mem[seq] = payload
-                    self._mem_bytes += len(payload)
+                # a decoded JSON batch takes ~2.3x its body in memory; charge 3x
+                cost = len(payload) * (3 if is_json else 1)
+                if self._mem_bytes + cost <= _MEM_MAX_BYTES:
+                    self._mem[seq] = result.decoded if is_json else payload
+                    self._mem_cost[seq] = cost
+                    self._mem_bytes += cost
             self.stats.accepted += result.accepted
             self._cv.notify_all()
         return result
@@ -277,8 +280,7 @@ class Pipeline:
         with self._cv:
             seq = self._next_seq
             res = self._mem.pop(seq, None)
-            if isinstance(res, bytes):
-                self._mem_bytes -= len(res)
+            self._mem_bytes -= self._mem_cost.pop(seq, 0)
         if isinstance(res, DecodeResult):
             return seq, res
         if res is not None:
@@ -314,9 +316,8 @@ class Pipeline:
         with self._cv:
             if seq >= self._next_seq:
                 self._next_seq = seq + 1
-            res = self._mem.pop(seq, None)  # cached by an accept racing the spool re-read
-            if isinstance(res, bytes):
-                self._mem_bytes -= len(res)
+            self._mem.pop(seq, None)  # cached by an accept racing the spool re-read
+            self._mem_bytes -= self._mem_cost.pop(seq, 0)
             self._cv.notify_all()
 
     def _work_loop(self) -> None:
@@ -391,10 +392,7 @@ class Pipeline:
                 self.store.insert_spans([s for _, spans, _, _ in per_record for s in spans])
             except StoreUnavailable as e:
                 self._store_error(e)
-                with self._cv:  # retry the same batches later; the spool still holds them
-                    for seq, res in reversed(batch):
-                        self._mem[seq] = res
-                        self._mem.move_to_end(seq, last=False)
+                with self._cv:  # retry later from the spool, which still holds them (memory stays bounded)
                     self._next_seq = batch[0][0]
                 if self.store.ping():  # the store is up: the data itself cannot be stored
                     self._unstorable(batch)
@@ -631,7 +629,7 @@ class Pipeline:
                 continue
             rv = review_group(by_group[g], self.policy)
             gs = score_group(by_group[g], severities=rv.severities if self.policy is not None else None,
-                             invalid=rv.invalid,
+                             invalid=rv.invalid, max_k=self.settings.max_k,
                              n_boot=self.settings.n_boot, seed=0)
             scores[g] = gs
             self._extras[g] = rv.extras

@@ -262,3 +262,14 @@ def test_tau_bench_end_to_end() -> None:
     lo, hi = g.metrics["pass^1"].ci  # type: ignore[misc]
     assert lo < 0.42 < hi
     assert "pass^5" not in g.metrics
+
+
+def test_max_k_bounds_the_keys_for_a_task_with_many_trials():
+    """A reviewer's repro: one fingerprinted task seen 1 600 times produced 3 220 pass@k/pass^k
+    keys (Prometheus series, score rows, quadratic CPU). The sidecar passes max_k (default 20)."""
+    trials = [trial(f"x{i}", "hot", "success" if i % 2 else "failure") for i in range(60)]
+    keys = score_group(trials, n_boot=0, max_k=20).metrics
+    assert max(int(k[5:]) for k in keys if k.startswith("pass^")) == 20
+    # exact value at the cap: 30 successes of 60 → pass^20 = C(30,20)/C(60,20)
+    from math import comb
+    assert keys["pass^20"].value == comb(30, 20) / comb(60, 20)

@@ -139,3 +139,20 @@ def _grpc_creds(cert):
     import grpc
 
     return grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+
+
+def test_redaction_covers_events_and_resource():
+    """A reviewer's repro: prompts sent as GenAI events (gen_ai.user.message content) and
+    exception messages were stored unredacted; only span attributes were filtered."""
+    from relyscope.model import SpanEvent
+
+    card = "4111-1111-1111-1111"
+    span = CanonicalSpan(
+        trace_id="1" * 32, span_id="2" * 16, parent_span_id="", name="chat m", kind=3, start_ns=1, end_ns=2,
+        attributes={}, resource={"service.name": "a", "host.name": "secret-host"},
+        events=(SpanEvent("gen_ai.content.prompt", 1, {"gen_ai.prompt": f"card {card}"}),
+                SpanEvent("gen_ai.user.message", 1, {"content": f"card {card}"})))
+    out = Redactor(deny=["gen_ai.prompt*", "host.name"], patterns=[r"\b(?:\d{4}-){3}\d{4}\b"]).apply(span)
+    assert out.events[0].attributes == {}
+    assert out.events[1].attributes == {"content": f"card {MASK}"}
+    assert out.resource == {"service.name": "a"}

@@ -55,16 +55,28 @@ class Redactor:
             return {k: self._mask(v) for k, v in value.items()}
         return value
 
-    def apply(self, span: CanonicalSpan) -> CanonicalSpan:
-        if not self.active:
-            return span
-        attrs = {}
-        for k, v in span.attributes.items():
+    def _attrs(self, attrs, *, content: bool):
+        out = {}
+        for k, v in attrs.items():
             if not self._keep(k):
                 continue
-            if self.patterns and any(fnmatch.fnmatchcase(k, c) for c in CONTENT_KEYS):
+            if self.patterns and (content or any(fnmatch.fnmatchcase(k, c) for c in CONTENT_KEYS)):
                 v = self._mask(v)
-            attrs[k] = v
-        if attrs == dict(span.attributes):
+            out[k] = v
+        return out
+
+    def apply(self, span: CanonicalSpan) -> CanonicalSpan:
+        """The span with the policy applied to its attributes, its events' attributes (event
+        payloads — prompts in GenAI events, exception messages — are all treated as content) and
+        its resource attributes (deny/allow only)."""
+        if not self.active:
             return span
-        return dataclasses.replace(span, attributes=attrs, flags=span.flags | {"redacted"})
+        attrs = self._attrs(span.attributes, content=False)
+        events = tuple(dataclasses.replace(e, attributes=self._attrs(e.attributes, content=True))
+                       for e in span.events)
+        resource = {k: v for k, v in span.resource.items() if self._keep(k)} if (self.deny or self.allow) \
+            else span.resource
+        if attrs == dict(span.attributes) and events == span.events and resource == dict(span.resource):
+            return span
+        return dataclasses.replace(span, attributes=attrs, events=events, resource=resource,
+                                   flags=span.flags | {"redacted"})

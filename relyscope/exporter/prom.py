@@ -83,9 +83,9 @@ class _ReliabilityCollector(Collector):
         yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
         yield GaugeMetricFamily("relyscope_open_traces", "Traces buffered and not yet finalized", value=p.open_traces)
         # drain write-latency samples into the histogram
-        samples, s.store_write_seconds[:] = list(s.store_write_seconds), []
-        for x in samples:
-            self.hist.observe(x)
+        q = s.store_write_seconds
+        for _ in range(len(q)):  # popleft is atomic: samples appended meanwhile are kept
+            self.hist.observe(q.popleft())
 
 
 def build_registry(pipeline: "Pipeline") -> CollectorRegistry:

@@ -124,7 +124,7 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
 
 
 def score_all(trials: Sequence[Trial], policy: Policy | None = None, *, n_boot: int = 2000,
-              seed: int = 0) -> tuple[dict, dict]:
+              seed: int = 0, max_k: int | None = 20) -> tuple[dict, dict]:
     """Group trials by (agent, version, run kind), grade and score each group.
 
     Returns ``(scores, extras)``: group key → :class:`relyscope.scorers.profile.GroupScore`, and
@@ -138,6 +138,6 @@ def score_all(trials: Sequence[Trial], policy: Policy | None = None, *, n_boot: 
     for key, ts in groups.items():
         rv = review_group(ts, policy)
         scores[key] = score_group(ts, severities=rv.severities if policy is not None else None,
-                                  invalid=rv.invalid, n_boot=n_boot, seed=seed)
+                                  invalid=rv.invalid, n_boot=n_boot, seed=seed, max_k=max_k)
         extras[key] = rv.extras
     return scores, extras
