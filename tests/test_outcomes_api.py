@@ -97,3 +97,23 @@ def test_evaluation_events_resolve_unknown_outcomes(sidecar):
     assert trials[TRACE.format(11)]["outcome_source"] == "evaluation:task_completion"
     g = [g for g in sidecar.report()["groups"] if g["agent"] == "eval-agent"][0]
     assert abs(g["metrics"]["pass^1"]["value"] - 2 / 3) < 1e-12
+
+
+def test_history_shows_the_metric_change_after_a_late_outcome(sidecar):
+    """Metric over time: each rescoring that changed a group's window is kept in the scores table."""
+    spans = [_run(20, "H", "success"), _run(21, "H", None)]
+    for s in spans:
+        s["attributes"][1]["value"]["stringValue"] = "hist-agent"
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+    assert httpx.post(sidecar.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+    sidecar.flush()
+    spans = [_run(22, "H", "failure")]
+    spans[0]["attributes"][1]["value"]["stringValue"] = "hist-agent"
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+    assert httpx.post(sidecar.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+    sidecar.flush()
+    pts = sidecar.get("/api/v1/history", params={"metric": "success_rate", "agent": "hist-agent"}).json()["points"]
+    values = [p["value"] for p in pts]
+    # first window: 1 known success of 1 → 1.0; after the third run: 1 of 2 → 0.5 (oldest first)
+    assert values[0] == 1.0 and values[-1] == 0.5
+    assert all(p["agent"] == "hist-agent" for p in pts)

@@ -225,6 +225,38 @@ def report(
 
 
 @app.command()
+def history(
+    metric: str = typer.Argument(..., help="metric key, e.g. pass^1, C_out, R (metrics.md §11)"),
+    api: str = typer.Option(DEFAULT_API, "--api", help="URL of a running sidecar's API"),
+    agent: Optional[str] = typer.Option(None), version: Optional[str] = typer.Option(None),
+    run_kind: Optional[str] = typer.Option(None, "--run-kind"),
+    token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API"),
+    format: Fmt = typer.Option(Fmt.table, "--format", help="table or json"),
+) -> None:
+    """One metric over time, per agent / version / run kind, from a running sidecar."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    params = {k: v for k, v in {"metric": metric, "agent": agent, "version": version,
+                                "run_kind": run_kind}.items() if v is not None}
+    try:
+        r = httpx.get(api.rstrip("/") + "/api/v1/history", params=params, headers=headers, timeout=60)
+    except httpx.TransportError:
+        err.print(f"[red]no sidecar answers at {api}[/red] (start `relyscope serve` or pass --api URL)")
+        raise typer.Exit(1) from None
+    if r.status_code != 200:
+        err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
+        raise typer.Exit(1)
+    data = r.json()
+    if format.value == "json":
+        print(json.dumps(data, indent=2))
+        return
+    from relyscope.cli.render import render_history
+
+    render_history(data, console)
+
+
+@app.command()
 def score(
     files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="OTLP/JSON files (one request per file or per line)"),
     format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["render_report"]
@@ -35,7 +36,7 @@ def render_report(rep: dict, console: Console) -> None:
         console.print("[yellow]no finalized trials yet[/yellow]")
         return
     for g in rep["groups"]:
-        title = (f"{g['agent']} {g['version']} [{g['run_kind']}] — {g['tasks']} tasks, {g['trials']} trials"
+        title = escape(f"{g['agent']} {g['version']} [{g['run_kind']}] — {g['tasks']} tasks, {g['trials']} trials"
                  f", {g.get('invalid_trials', 0)} invalid, {g.get('incomplete_trials', 0)} incomplete"
                  f"  (formula set {rep.get('formula_set')})")
         t = Table(title=title, title_justify="left")
@@ -110,3 +111,29 @@ def _render_sections(console: Console, g: dict) -> None:
     if ctl:
         _table(console, "control decisions", [{"measure": k, "value": v} for k, v in ctl.items()])
     _table(console, "worst tasks (lowest C_out, most violations)", g.get("worst_tasks") or [])
+
+
+def render_history(data: dict, console: Console, width: int = 30) -> None:
+    """A metric over time as one table per group: time, value, 95 % CI, tasks and a bar on [0, 1]."""
+    import datetime as _dt
+
+    points = data.get("points") or []
+    if not points:
+        console.print(f"[yellow]no stored scores for {data.get('metric')}[/yellow]")
+        return
+    groups: dict[tuple, list] = {}
+    for p in points:
+        groups.setdefault((p["agent"], p["version"], p["run_kind"]), []).append(p)
+    for (agent, version, run_kind), pts in groups.items():
+        t = Table(title=escape(f"{data['metric']} over time — {agent} {version} [{run_kind}]"), title_justify="left")
+        for c in ("computed (UTC)", "value", "95% CI", "tasks"):
+            t.add_column(c, justify="right")
+        t.add_column("0 … 1", no_wrap=True, min_width=width)
+        for p in pts:
+            v = p["value"]
+            bar = "—" if v is None else "█" * round(max(0.0, min(1.0, v)) * width)
+            ci = p.get("ci")
+            t.add_row(_dt.datetime.fromtimestamp(p["time"], _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+                      _fmt(v), "—" if not ci or ci[0] is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]",
+                      str(p["n_tasks"]), bar)
+        console.print(t)

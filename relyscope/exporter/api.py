@@ -7,6 +7,7 @@
 | ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=`` |
 | ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&limit=``) |
 | ``GET /api/v1/sessions`` | trials grouped by conversation id (sessions spanning several traces) |
+| ``GET /api/v1/history`` | one metric over time per group (``?metric=pass^1&agent=…``) |
 | ``GET /api/v1/spans`` | stored span counts (``?keys=true`` or ``?trace_id=`` adds the (trace, span) ids) |
 | ``POST /api/v1/outcomes`` | a (possibly late) outcome for a trial or trace: re-scores its group |
 | ``POST /api/v1/flush`` | finalize every open trace now and rescore (operators, tests, the demo) |
@@ -120,6 +121,16 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
                                     "status": t.status, "outcome": t.outcome, "start_ns": t.start_ns,
                                     "end_ns": t.end_ns, "actions": list(t.actions)} for t in ts]})
         return {"sessions": out, "total": len(out)}
+
+    @app.get("/api/v1/history", dependencies=[Depends(auth)])
+    async def history(metric: str, agent: str | None = None, version: str | None = None,
+                      run_kind: str | None = None, limit: int = Query(200, ge=1, le=10000)) -> dict:
+        try:
+            points = await run_in_threadpool(pipeline.store.score_history, metric, agent=agent,
+                                             version=version, run_kind=run_kind, limit=limit)
+        except StoreUnavailable as e:
+            raise HTTPException(503, str(e)) from e
+        return {"metric": metric, "points": points}
 
     @app.get("/api/v1/spans", dependencies=[Depends(auth)])
     async def spans(trace_id: str | None = None, keys: bool = False) -> dict:

@@ -382,6 +382,23 @@ class Store:
         except StoreUnavailable:
             return False
 
+    def score_history(self, metric: str, *, agent: str | None = None, version: str | None = None,
+                      run_kind: str | None = None, limit: int = 200) -> list[dict]:
+        """One metric over time (from the ``scores`` table): per group, the value, CI and task
+        count of every scoring that changed its window, oldest first (at most ``limit`` per group)."""
+        where, params = ["metric = %(m)s"], {"m": metric, "lim": limit}
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
+            if val is not None:
+                where.append(f"{col} = %({col})s")
+                params[col] = val
+        rows = self.query(
+            "SELECT agent, version, run_kind, toUnixTimestamp64Milli(computed_at), value, ci_low, ci_high, "
+            "n_tasks FROM (SELECT * FROM {db}.scores FINAL WHERE " + " AND ".join(where) +
+            " ORDER BY computed_at DESC LIMIT %(lim)s BY agent, version, run_kind) "
+            "ORDER BY agent, version, run_kind, computed_at", params)
+        return [{"agent": r[0], "version": r[1], "run_kind": r[2], "time": r[3] / 1000.0, "value": r[4],
+                 "ci": [r[5], r[6]] if r[5] is not None else None, "n_tasks": r[7]} for r in rows]
+
     def trial_known(self, key_kind: str, key: str) -> bool:
         """Whether a finalized trial exists for this trial id (``key_kind="trial"``) or trace id."""
         col = "trial_id" if key_kind == "trial" else "trace_id"
