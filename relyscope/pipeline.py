@@ -57,7 +57,7 @@ from relyscope.model import CanonicalSpan, SpanEvent, Trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore, score_group
-from relyscope.scorers.review import GroupReview, review_group
+from relyscope.scorers.review import GroupReview, policy_for, review_group
 from relyscope.store import Store, StoreUnavailable
 
 __all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "load_stored_spans", "spool_segment_bytes"]
@@ -250,9 +250,13 @@ class Pipeline:
         # spool the decompressed body, so replay needs no decompression
         payload = (_TAG_JSON if is_json else _TAG_PROTO) + body
         if HEADER_SIZE + len(payload) > self.settings.spool_max_bytes:
+            # permanent (a retry cannot succeed): counted, and FAILED_PRECONDITION over gRPC —
+            # RESOURCE_EXHAUSTED would make OTLP exporters retry and then drop silently
+            self.stats.rejected["too_large_for_spool"] += result.accepted
             raise OTLPRequestError(
-                f"request of {len(body)} bytes can never fit in the spool (spool_max_bytes "
-                f"{self.settings.spool_max_bytes})", 413, "INVALID_ARGUMENT")
+                f"request of {len(body)} bytes can never fit in the spool (RELYSCOPE_SPOOL_MAX_BYTES="
+                f"{self.settings.spool_max_bytes}); send smaller batches or enlarge the spool",
+                413, "FAILED_PRECONDITION")
         # outside self._cv: concurrent appends share one fdatasync (the spool's group commit)
         try:
             seq = self.spool.append(payload)
@@ -362,6 +366,7 @@ class Pipeline:
 
     def _store_ok(self) -> None:
         self._store_failing = False
+        self._last_error = None
 
     def _work_once(self) -> bool:
         """Process at most one batch, finalize what is due, commit. True if a batch was stored."""
@@ -627,8 +632,9 @@ class Pipeline:
         for g in groups:
             if g not in by_group:
                 continue
-            rv = review_group(by_group[g], self.policy)
-            gs = score_group(by_group[g], severities=rv.severities if self.policy is not None else None,
+            pol = policy_for(self.policy, g[0])
+            rv = review_group(by_group[g], pol)
+            gs = score_group(by_group[g], severities=rv.severities if pol is not None else None,
                              invalid=rv.invalid, max_k=self.settings.max_k,
                              n_boot=self.settings.n_boot, seed=0)
             scores[g] = gs

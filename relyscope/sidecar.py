@@ -77,7 +77,7 @@ class Sidecar:
     def start(self) -> "Sidecar":
         s = self.settings
         token = s.auth_token.get_secret_value() if s.auth_token else None
-        self.store = Store(s.store, fault_file=s.fault_store_down_file)
+        self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True)
         self.pipeline = Pipeline(s, self.store)
         self.pipeline.start()
         http_sock = _bind(s.otlp_http)

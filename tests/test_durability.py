@@ -526,3 +526,61 @@ def test_late_root_after_restart_assembles_whole_trace_and_supersedes_the_virtua
     t = trials[0]
     assert t["status"] == "complete" and t["agent_name"] == "late-root"
     assert t["actions"] == ["llm", "lookup"] and t["tool_calls"] == 1
+
+
+def test_request_larger_than_the_whole_spool_is_a_permanent_counted_error(sidecar_factory):
+    """A fresh user's find: with a small spool, every normal-sized batch got gRPC
+    RESOURCE_EXHAUSTED (which OTLP exporters retry, then drop) and no counter moved."""
+    import grpc as _grpc
+    import httpx as _httpx
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    sc = sidecar_factory(extra_env={"RELYSCOPE_SPOOL_MAX_BYTES": "65536"})
+    spans = [{"traceId": f"{i + 900:032x}", "spanId": f"{i + 900:016x}", "name": "x" * 400, "kind": 1,
+              "startTimeUnixNano": "1", "endTimeUnixNano": "2"} for i in range(200)]
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+    r = _httpx.post(sc.otlp_http + "/v1/traces", json=body, timeout=30)
+    assert r.status_code == 413 and "can never fit in the spool" in r.json()["message"]
+    req = ExportTraceServiceRequest()
+    for i in range(200):
+        sp = req.resource_spans.add().scope_spans.add().spans.add()
+        sp.trace_id, sp.span_id, sp.name = bytes([1]) * 15 + bytes([i]), bytes([2]) * 7 + bytes([i]), "y" * 400
+    with _grpc.insecure_channel(f"127.0.0.1:{sc.grpc_port}") as ch:
+        try:
+            trace_service_pb2_grpc.TraceServiceStub(ch).Export(req, timeout=30)
+            raise AssertionError("expected an error")
+        except _grpc.RpcError as e:
+            assert e.code() == _grpc.StatusCode.FAILED_PRECONDITION  # not retryable in OTLP
+    text = sc.get("/metrics").text
+    assert 'relyscope_spans_rejected_total{reason="too_large_for_spool"} 400.0' in text
+
+
+def test_sidecar_starts_and_spools_while_the_clickhouse_server_is_down(tmp_path):
+    """A fresh user's find: with a ClickHouse server unreachable at start, the sidecar refused to
+    start (a pod restarting during an outage would crash-loop). It now starts, acknowledges into
+    the spool, and the spool drains into a working store after a restart (here: embedded)."""
+    import httpx as _httpx
+
+    spool = str(tmp_path / "spool")
+    down = start_sidecar(tmp_path / "a", extra_env={"RELYSCOPE_STORE": "http://127.0.0.1:1/relyscope",
+                                                    "RELYSCOPE_SPOOL_DIR": spool})
+    try:
+        body = {"resourceSpans": [{"scopeSpans": [{"spans": [
+            {"traceId": "cd" * 16, "spanId": "ef" * 8, "name": "invoke_agent x", "kind": 1,
+             "startTimeUnixNano": "1760000000000000000", "endTimeUnixNano": "1760000001000000000",
+             "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}}]}]}]}]}
+        r = _httpx.post(down.otlp_http + "/v1/traces", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        h = down.get("/healthz")
+        assert h.status_code == 200 and h.json()["status"] == "degraded"  # spooling, store down
+        assert h.json()["spool_pending_records"] == 1
+    finally:
+        assert down.kill() == 0
+    up = start_sidecar(tmp_path / "b", extra_env={"RELYSCOPE_SPOOL_DIR": spool})
+    try:
+        up.flush()
+        keys = {tuple(k) for k in up.get("/api/v1/spans", params={"keys": "true"}).json()["keys"]}
+        assert keys == {("cd" * 16, "ef" * 8)}
+    finally:
+        up.kill()

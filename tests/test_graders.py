@@ -406,3 +406,14 @@ def test_calibration_bins_hand_worked():
     assert rows[2]["trials"] == 3
     assert abs(rows[2]["mean_confidence"] - (0.95 + 0.95 + 1.0) / 3) < 1e-6
     assert abs(rows[2]["success_rate"] - 2 / 3) < 1e-6
+
+
+def test_policy_applies_only_to_its_agent():
+    """A fresh user's find: a policy with `agent: support` was applied to every agent."""
+    from relyscope.scorers.policy import parse_policy
+    from relyscope.scorers.review import policy_for
+
+    p = parse_policy({"agent": "support*", "rules": [{"id": "r", "type": "forbidden_tool", "severity": "low", "tools": ["x"]}]})
+    assert policy_for(p, "support") is p and policy_for(p, "support-eu") is p
+    assert policy_for(p, "billing") is None
+    assert policy_for(parse_policy({"rules": []}), "anything") is not None  # default agent "*"

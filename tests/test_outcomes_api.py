@@ -117,3 +117,10 @@ def test_history_shows_the_metric_change_after_a_late_outcome(sidecar):
     # first window: 1 known success of 1 → 1.0; after the third run: 1 of 2 → 0.5 (oldest first)
     assert values[0] == 1.0 and values[-1] == 0.5
     assert all(p["agent"] == "hist-agent" for p in pts)
+
+
+def test_outcome_api_contradiction_and_uppercase_trace_id(sidecar):
+    r = sidecar.post("/api/v1/outcomes", json={"trace_id": "ab" * 16, "success": True, "outcome": "failure"})
+    assert r.status_code == 422
+    r = sidecar.post("/api/v1/outcomes", json={"trace_id": "AB" * 16, "success": True})
+    assert r.status_code == 200 and r.json()["key"] == "ab" * 16

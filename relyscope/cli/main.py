@@ -212,7 +212,7 @@ def report(
     """Print the reliability profile per agent / version / run kind."""
     rep = _fetch_report(api, token)
     if rep is None:
-        dsn = store or _settings().store
+        dsn = _settings(store=store).store  # validated like serve's (a bad DSN names the field)
         if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
             path = Path(dsn[len("chdb://"):])
             if not path.exists():
@@ -220,7 +220,13 @@ def report(
                           "(start `relyscope serve`, or pass --api URL / --store DSN)")
                 raise typer.Exit(1)
         err.print(f"no sidecar at {api}; reading {dsn}")
-        rep = _report_from_store(dsn, n_boot)
+        from relyscope.store import StoreUnavailable
+
+        try:
+            rep = _report_from_store(dsn, n_boot)
+        except StoreUnavailable as e:
+            err.print(f"[red]{e}[/red]")
+            raise typer.Exit(1) from None
     _print_report(rep, format)
 
 

@@ -52,7 +52,10 @@ _ACCEPTED_TYPES = frozenset((_PROTO, "application/protobuf", _JSON))
 
 def _error_codes(e: OTLPRequestError) -> tuple[int, grpc.StatusCode]:
     """(HTTP status, gRPC status) of a permanent request error: 413 → RESOURCE_EXHAUSTED (as
-    grpc's own message-size check), 500 → INTERNAL, other 4xx → INVALID_ARGUMENT."""
+    grpc's own message-size check) unless the error says FAILED_PRECONDITION (a request larger
+    than the whole spool), 500 → INTERNAL, other 4xx → INVALID_ARGUMENT."""
+    if e.grpc_code == "FAILED_PRECONDITION":  # e.g. larger than the whole spool: never retry
+        return e.http_status, grpc.StatusCode.FAILED_PRECONDITION
     if e.http_status == 413:
         return 413, grpc.StatusCode.RESOURCE_EXHAUSTED
     if e.http_status >= 500:

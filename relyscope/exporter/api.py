@@ -57,6 +57,11 @@ class OutcomeIn(BaseModel):
             raise ValueError("give exactly one of trial_id or trace_id")
         if self.outcome is None and self.success is None:
             raise ValueError("give outcome or success")
+        if self.outcome is not None and self.success is not None and \
+                self.outcome != ("success" if self.success else "failure"):
+            raise ValueError(f"outcome {self.outcome!r} contradicts success={self.success}")
+        if self.trace_id is not None:  # stored as lowercase hex, as the receivers store ids
+            self.trace_id = self.trace_id.strip().lower()
         return self
 
 
@@ -82,10 +87,16 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
 
     @app.get("/healthz")
     def healthz(response: Response) -> dict:
-        if not pipeline.ready:
+        """``ok``; ``degraded`` (200: the store is failing, data is spooled); ``spool_full`` and
+        ``starting`` (503: new data would be refused / not ready yet)."""
+        spool = pipeline.spool
+        full = spool.bytes_used >= pipeline.settings.spool_max_bytes * 0.95
+        status = ("starting" if not pipeline.ready else "spool_full" if full
+                  else "degraded" if pipeline.last_error else "ok")
+        if status in ("starting", "spool_full"):
             response.status_code = 503
-        return {"status": "ok" if pipeline.ready else "starting", "store": pipeline.store.dsn.split("@")[-1],
-                "spool_pending_records": pipeline.spool.pending_records,
+        return {"status": status, "store": pipeline.store.dsn.split("@")[-1],
+                "spool_pending_records": spool.pending_records, "spool_bytes": spool.bytes_used,
                 "queue_depth": pipeline.queue_depth, "last_error": pipeline.last_error}
 
     @app.get("/api/v1/report", dependencies=[Depends(auth)])

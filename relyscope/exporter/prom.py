@@ -56,15 +56,19 @@ class _ReliabilityCollector(Collector):
                 if mv.ci is not None and not any(math.isnan(c) for c in mv.ci):
                     lo.add_metric(lv, float(mv.ci[0]))
                     hi.add_metric(lv, float(mv.ci[1]))
-            tr.add_metric([agent, version, run_kind, "valid"], gs.trials - gs.invalid_trials)
+            incomplete = getattr(gs, "incomplete_trials", 0)
+            # kinds partition the trials (a trial both invalid and incomplete counts as invalid)
+            tr.add_metric([agent, version, run_kind, "valid"], gs.trials - gs.invalid_trials - incomplete)
             tr.add_metric([agent, version, run_kind, "invalid"], gs.invalid_trials)
-            tr.add_metric([agent, version, run_kind, "incomplete"], getattr(gs, "incomplete_trials", 0))
+            tr.add_metric([agent, version, run_kind, "incomplete"], incomplete)
         yield from (val, lo, hi, nt, tr)
 
         s = p.stats
         yield CounterMetricFamily("relyscope_spans_received", "Spans received over OTLP", value=s.received)
         yield CounterMetricFamily("relyscope_spans_accepted", "Spans accepted (durably spooled)", value=s.accepted)
         yield CounterMetricFamily("relyscope_spans_deduplicated", "Re-sent spans dropped as duplicates", value=s.deduplicated)
+        yield CounterMetricFamily("relyscope_spans_replaced", "Spans that replaced an earlier, different span "
+                                  "with the same (trace id, span id)", value=p.builder.replaced)
         rej = CounterMetricFamily("relyscope_spans_rejected", "Spans rejected, by reason", labels=["reason"])
         for reason, n in sorted(s.rejected.items()):
             rej.add_metric([reason], n)

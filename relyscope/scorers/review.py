@@ -22,7 +22,7 @@ from relyscope.scorers.attribution import FailureCategory
 from relyscope.scorers.graders import Grade, control_rates, grade_trial
 from relyscope.scorers.policy import Policy
 
-__all__ = ["GroupReview", "review_group", "score_all", "calibration_bins"]
+__all__ = ["GroupReview", "review_group", "score_all", "calibration_bins", "policy_for"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,16 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
     return GroupReview(grades=grades, severities=severities, invalid=invalid, extras=extras)
 
 
+def policy_for(policy: Policy | None, agent: str) -> Policy | None:
+    """The policy if it applies to ``agent`` (its ``agent`` field: a name or fnmatch glob, ``*``
+    for every agent), else None — safety is then not measured for that agent (NaN)."""
+    import fnmatch
+
+    if policy is None or fnmatch.fnmatchcase(agent, policy.agent):
+        return policy
+    return None
+
+
 def score_all(trials: Sequence[Trial], policy: Policy | None = None, *, n_boot: int = 2000,
               seed: int = 0, max_k: int | None = 20) -> tuple[dict, dict]:
     """Group trials by (agent, version, run kind), grade and score each group.
@@ -136,8 +146,9 @@ def score_all(trials: Sequence[Trial], policy: Policy | None = None, *, n_boot: 
         groups[(t.agent_name, t.agent_version, t.run_kind)].append(t)
     scores, extras = {}, {}
     for key, ts in groups.items():
-        rv = review_group(ts, policy)
-        scores[key] = score_group(ts, severities=rv.severities if policy is not None else None,
+        pol = policy_for(policy, key[0])
+        rv = review_group(ts, pol)
+        scores[key] = score_group(ts, severities=rv.severities if pol is not None else None,
                                   invalid=rv.invalid, n_boot=n_boot, seed=seed, max_k=max_k)
         extras[key] = rv.extras
     return scores, extras

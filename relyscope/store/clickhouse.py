@@ -184,9 +184,12 @@ class Store:
     """ClickHouse access for relyscope. Thread-safe (one lock around the client).
 
     Raises :class:`StoreUnavailable` (retryable) when the server cannot be reached or a write fails.
+    ``lazy=True`` (the sidecar): a ClickHouse *server* that is down at start is connected on first
+    use instead of failing the start; an embedded (chDB) store always opens at once.
     """
 
-    def __init__(self, dsn: str, *, database: str = "relyscope", fault_file: str | None = None):
+    def __init__(self, dsn: str, *, database: str = "relyscope", fault_file: str | None = None,
+                 lazy: bool = False):
         self.dsn = resolve_dsn(dsn)
         self.fault_file = fault_file
         self._lock = threading.RLock()
@@ -195,19 +198,41 @@ class Store:
             database = parsed.path.strip("/")
             self.dsn = parsed._replace(path="").geturl()
         self.db = database
+        self.write_errors = 0
+        self.last_write_s = 0.0
+        self._client = None
+        self._closed = False
         try:
-            self._client = clickhouse_connect.get_client(dsn=self.dsn)
-            self._client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
+            self._connect()
+        except StoreUnavailable:
+            # a ClickHouse server may be down when the sidecar starts: the spool absorbs the
+            # outage and the store is reconnected on first use. An embedded store that cannot
+            # open (directory in use, bad path) is a configuration error: fail fast.
+            if self.embedded or not lazy:
+                raise
+
+    def _connect(self) -> None:
+        """Open the client and create the schema (idempotent DDL). Raises StoreUnavailable."""
+        try:
+            client = clickhouse_connect.get_client(dsn=self.dsn)
+            client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
             for ddl in SCHEMA:
-                self._client.command(ddl.format(db=self.db))
+                client.command(ddl.format(db=self.db))
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
             if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
                 raise StoreUnavailable(
                     f"cannot open {self.dsn}: the data directory is in use by another process (chDB lets "
                     "one process open a data directory; ask the running sidecar with --api instead)") from e
             raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
-        self.write_errors = 0
-        self.last_write_s = 0.0
+        self._client = client
+
+    def _ready_client(self):
+        """The client, reconnecting a server store that was down. Call with the lock held."""
+        if self._client is None:
+            if self._closed:
+                raise StoreUnavailable("store closed")
+            self._connect()
+        return self._client
 
     @property
     def embedded(self) -> bool:
@@ -216,6 +241,7 @@ class Store:
     def close(self) -> None:
         """Close the client. Idempotent."""
         with self._lock:
+            self._closed = True
             c, self._client = getattr(self, "_client", None), None
             if c is not None:
                 try:
@@ -232,14 +258,13 @@ class Store:
             if self.fault_file and os.path.exists(self.fault_file):
                 raise StoreUnavailable(f"store down (fault injected by {self.fault_file})")
             with self._lock:
-                if self._client is None:
-                    raise StoreUnavailable("store closed")
+                client = self._ready_client()
                 try:
-                    self._client.insert(f"{self.db}.{table}", rows, column_names=cols)
+                    client.insert(f"{self.db}.{table}", rows, column_names=cols)
                 except UnicodeEncodeError:
                     # a lone surrogate that slipped past decoding: a permanent error for this
                     # data, so repair (U+FFFD) and write once more rather than retry forever
-                    self._client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols)
+                    client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols)
         except StoreUnavailable:
             self.write_errors += 1
             raise
@@ -322,9 +347,7 @@ class Store:
         """Run a read query (``{db}`` in the SQL is replaced by the database). Returns rows."""
         try:
             with self._lock:
-                if self._client is None:
-                    raise StoreUnavailable("store closed")
-                return self._client.query(sql.replace("{db}", self.db), parameters=parameters).result_rows
+                return self._ready_client().query(sql.replace("{db}", self.db), parameters=parameters).result_rows
         except StoreUnavailable:
             raise
         except Exception as e:  # noqa: BLE001

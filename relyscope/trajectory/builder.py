@@ -466,6 +466,7 @@ class TrajectoryBuilder:
         self._seq = itertools.count()
         self._finalized: OrderedDict[str, float] = OrderedDict()  # trace id -> finalized_at
         self._evicted: OrderedDict[str, float] = OrderedDict()  # trace id -> evicted at
+        self.replaced = 0  # spans that replaced a different span with the same ids
 
     def __len__(self) -> int:
         return len(self._open)
@@ -518,6 +519,8 @@ class TrajectoryBuilder:
             old = tr.spans.get(span.span_id)
             if old is not None and old[0] == span and old[1] == sem:
                 continue  # exact re-send: nothing changes
+            if old is not None:
+                self.replaced += 1  # same ids, different content: the later span wins
             if old is not None and _is_root_candidate(*old):
                 tr.root_candidates -= 1
             if _is_root_candidate(span, sem):
