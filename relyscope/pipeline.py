@@ -53,7 +53,7 @@ from relyscope.collector.otlp import (
 from relyscope.collector.otlp import _decompress as decompress  # TODO: public name
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
-from relyscope.model import CanonicalSpan, SpanEvent, Trial
+from relyscope.model import CanonicalSpan, Trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore, score_group
@@ -97,18 +97,6 @@ class Stats:
     # recent write latencies, drained by the exporter's histogram; bounded if nobody scrapes
     store_write_seconds: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4096))
     backpressure: int = 0
-
-
-def reason_of(message: str) -> str:
-    """Bounded reject-reason label from a decoder message (for ``rejected_total{reason}``)."""
-    m = message.lower()
-    for key, label in (("traceid", "invalid_trace_id"), ("trace id", "invalid_trace_id"),
-                       ("trace_id", "invalid_trace_id"), ("spanid", "invalid_span_id"),
-                       ("span id", "invalid_span_id"), ("span_id", "invalid_span_id"),
-                       ("internal", "internal")):
-        if key in m:
-            return label
-    return "invalid_span"
 
 
 def spool_segment_bytes(settings: Settings) -> int:
@@ -240,8 +228,7 @@ class Pipeline:
         body = decompress(body, content_encoding, self.limits)
         result = validate_http(body, content_type, None, self.limits)
         self.stats.received += result.accepted + result.rejected
-        for msg in result.errors:
-            self.stats.rejected[reason_of(msg)] += 1
+        self.stats.rejected.update(result.rejected_by_reason)  # bounded reason codes
         if result.decoded is not None:  # JSON: decoded already; protobuf warnings: by the worker
             self.stats.warnings.update(result.decoded.warnings)
         if not result.accepted:
