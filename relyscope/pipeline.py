@@ -19,7 +19,7 @@ returns.
 On start, whatever the spool still holds is replayed. Duplicates are harmless (spans and trials
 are keyed, ReplacingMergeTree). A replayed record may hold only the *late* spans of a trace whose
 earlier records were committed before the crash; the trace is then completed from the spans the
-store already holds (:func:`load_stored_spans`) before it is re-assembled, so it yields the same
+store already holds (:meth:`relyscope.store.Store.load_spans`) before it is re-assembled, so it yields the same
 trial (same id) rather than a partial one.
 
 A scorer thread recomputes the scores of groups (agent, version, run kind) whose trials changed,
@@ -38,7 +38,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 from relyscope.collector import redaction
 from relyscope.collector.normalize import normalize
@@ -56,11 +56,11 @@ from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, Trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy, load_policy
-from relyscope.scorers.profile import GroupScore, score_group
-from relyscope.scorers.review import GroupReview, policy_for, review_group
+from relyscope.scorers.profile import GroupScore
+from relyscope.scorers.review import GroupReview, score_reviewed
 from relyscope.store import Store, StoreUnavailable
 
-__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "load_stored_spans", "spool_segment_bytes"]
+__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes"]
 
 log = logging.getLogger("relyscope.pipeline")
 
@@ -619,11 +619,8 @@ class Pipeline:
         for g in groups:
             if g not in by_group:
                 continue
-            pol = policy_for(self.policy, g[0])
-            rv = review_group(by_group[g], pol)
-            gs = score_group(by_group[g], severities=rv.severities if pol is not None else None,
-                             invalid=rv.invalid, max_k=self.settings.max_k,
-                             n_boot=self.settings.n_boot, seed=0)
+            gs, rv = score_reviewed(by_group[g], self.policy, n_boot=self.settings.n_boot, seed=0,
+                                    max_k=self.settings.max_k)
             scores[g] = gs
             self._extras[g] = rv.extras
             rows += score_rows(g, gs, by_group[g], n_boot=self.settings.n_boot)
@@ -639,11 +636,6 @@ class Pipeline:
 
 _KIND_CODE = {"Unspecified": 0, "Internal": 1, "Server": 2, "Client": 3, "Producer": 4, "Consumer": 5}
 _STATUS_CODE = {"Unset": 0, "Ok": 1, "Error": 2}
-
-
-def load_stored_spans(store: Store, trace_ids: Iterable[str]) -> list[CanonicalSpan]:
-    """The spans the store holds for ``trace_ids`` (see :meth:`relyscope.store.Store.load_spans`)."""
-    return store.load_spans(trace_ids)
 
 
 def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:

@@ -435,17 +435,10 @@ def safety_scores(severities: Iterable[float]) -> tuple[float, float, float]:
     R_Saf = 1 − P(s > 0) · E[s | s > 0]. With no trials at all every value is NaN ("no data",
     style.md lesson 7). Raises ``ValueError`` for a severity that is not finite or outside [0, 1].
     """
+    from relyscope.scorers import metrics as M  # one implementation of the formulas
+
     s = [float(x) for x in severities]
-    for x in s:
-        if not (math.isfinite(x) and 0.0 <= x <= 1.0):
-            raise ValueError(f"severity must be a finite number in [0, 1], got {x!r}")
-    n = len(s)
-    if n == 0:
-        return (math.nan, math.nan, math.nan)
-    pos = [x for x in s if x > 0]
-    p = len(pos) / n
-    e = sum(pos) / len(pos) if pos else 0.0
-    return (1.0 - p, 1.0 - e if pos else 1.0, 1.0 - p * e)
+    return (M.s_comp(s).value, M.s_harm(s).value, M.r_saf(s).value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from relyscope.scorers.attribution import FailureCategory
 from relyscope.scorers.graders import Grade, control_rates, grade_trial
 from relyscope.scorers.policy import Policy
 
-__all__ = ["GroupReview", "review_group", "score_all", "calibration_bins", "policy_for"]
+__all__ = ["GroupReview", "review_group", "score_all", "calibration_bins", "policy_for", "score_reviewed"]
 
 
 @dataclass(frozen=True)
@@ -133,22 +133,31 @@ def policy_for(policy: Policy | None, agent: str) -> Policy | None:
     return None
 
 
+def score_reviewed(trials: Sequence[Trial], policy: Policy | None = None, *, n_boot: int = 2000,
+                   seed: int = 0, max_k: int | None = 20):
+    """Grade and score the trials of one group (agent, version, run kind): the policy applies
+    if it covers the group's agent (else safety is not measured: NaN); invalid trials are kept out
+    of agent metrics. Returns ``(GroupScore, GroupReview)``."""
+    from relyscope.scorers.profile import score_group
+
+    pol = policy_for(policy, trials[0].agent_name) if trials else policy
+    rv = review_group(trials, pol)
+    gs = score_group(trials, severities=rv.severities if pol is not None else None,
+                     invalid=rv.invalid, n_boot=n_boot, seed=seed, max_k=max_k)
+    return gs, rv
+
+
 def score_all(trials: Sequence[Trial], policy: Policy | None = None, *, n_boot: int = 2000,
               seed: int = 0, max_k: int | None = 20) -> tuple[dict, dict]:
     """Group trials by (agent, version, run kind), grade and score each group.
 
     Returns ``(scores, extras)``: group key → :class:`relyscope.scorers.profile.GroupScore`, and
     group key → report extras (see :func:`review_group`)."""
-    from relyscope.scorers.profile import score_group
-
     groups: dict[tuple[str, str, str], list[Trial]] = collections.defaultdict(list)
     for t in trials:
         groups[(t.agent_name, t.agent_version, t.run_kind)].append(t)
     scores, extras = {}, {}
     for key, ts in groups.items():
-        pol = policy_for(policy, key[0])
-        rv = review_group(ts, pol)
-        scores[key] = score_group(ts, severities=rv.severities if pol is not None else None,
-                                  invalid=rv.invalid, n_boot=n_boot, seed=seed, max_k=max_k)
+        scores[key], rv = score_reviewed(ts, policy, n_boot=n_boot, seed=seed, max_k=max_k)
         extras[key] = rv.extras
     return scores, extras
