@@ -64,8 +64,16 @@ class Settings(BaseSettings):
     judge_api_key: SecretStr | None = Field(None, description="bearer key for the judge endpoint")
     judge_timeout_s: float = Field(30.0, gt=0)
     judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
+    store_retry_max_s: float = Field(
+        10.0, gt=0, description="longest pause between retries of a store write that failed for a passing reason "
+        "(backoff 0.5 s, 1 s, 2 s, … up to this); the spool keeps the data meanwhile")
+    quarantine_after_s: float = Field(
+        10.0, ge=0, description="a spool record the store refuses with a data error (permanent) is retried for "
+        "this long (at least 3 attempts) before it is quarantined")
     fault_store_down_file: str | None = Field(
-        None, description="chaos testing: while this file exists, every store write fails as if ClickHouse were down")
+        None, description="chaos testing: while this file exists, store writes fail — empty: as if ClickHouse "
+        "were down; JSON {\"code\": N, \"match\": S, \"tables\": [..]}: inserts fail with ClickHouse error code N "
+        "while the server answers (relyscope.store.clickhouse)")
 
     @field_validator("otlp_grpc", "otlp_http", "api")
     @classmethod

@@ -58,9 +58,10 @@ from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore
 from relyscope.scorers.review import GroupReview, score_reviewed
-from relyscope.store import Store, StoreUnavailable
+from relyscope.collector import quarantine
+from relyscope.store import Store, StoreRejected, StoreUnavailable
 
-__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes"]
+__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes", "default_spool_dir"]
 
 log = logging.getLogger("relyscope.pipeline")
 
@@ -71,7 +72,8 @@ _TAG_PROTO = b"P"
 _INSERT_BATCH_SPANS = 8192  # spans per ClickHouse insert (several spool records)
 _TAG_JSON = b"J"
 
-_STORE_RETRY_S = 0.5  # pause before retrying a failed store write (worker thread only)
+_STORE_RETRY_S = 0.5  # first pause before retrying a failed store write; doubles per failure
+_MIN_STRIKES = 3  # attempts before a record refused with a data error is quarantined
 _MAX_SEGMENT_BYTES = 64 << 20
 _MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyond: re-read)
 
@@ -131,7 +133,7 @@ class Pipeline:
                              max_attributes=settings.max_attributes,
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
-        spool_dir = settings.spool_dir or _default_spool_dir(store.dsn)
+        spool_dir = settings.spool_dir or default_spool_dir(store.dsn)
         self.spool_dir = spool_dir
         self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
                            segment_bytes=spool_segment_bytes(settings))
@@ -151,7 +153,11 @@ class Pipeline:
         self._replay_until: int = self.spool.last_seq
         self._rehydrated: set[str] = set()
         self._single_until = 0  # process spool records one at a time up to this sequence
-        self._strikes: dict[int, int] = {}  # record → writes refused while the store was up
+        # record → (first refusal with a data error, monotonic s; refusals so far)
+        self._strikes: dict[int, tuple[float, int]] = {}
+        self._trial_strikes: dict[str, tuple[float, int]] = {}  # trial id → same, for trials
+        self._failures = 0  # consecutive failed store writes (backoff exponent)
+        self.quarantine_dir = quarantine.quarantine_dir(spool_dir)
         self._record_traces: collections.deque[tuple[int, frozenset[str]]] = collections.deque()
         self._pending_trials: list[Trial] = []  # finalized, not yet stored (store down)
         self._retry_at = 0.0  # monotonic time before which the worker does not retry the store
@@ -164,6 +170,8 @@ class Pipeline:
         self._rescore_lock = threading.Lock()
         self._last_error: str | None = None
         self.ready = False
+        self._draining = False
+        self._append_failed_at: float | None = None  # monotonic time of the last failed append
         self._open_traces = 0
         self._extras: dict[GroupKey, dict] = {}
 
@@ -214,6 +222,46 @@ class Pipeline:
         """Traces buffered and not yet finalized (as of the worker's last pass)."""
         return self._open_traces
 
+    # ---- probes ---------------------------------------------------------------------------------
+    def liveness(self) -> str | None:
+        """None while the process works (worker and scorer threads run, the spool is usable), else
+        why a restart is needed. A store outage or a full spool is *not* a liveness failure: a
+        restart would not help and the spool keeps the data."""
+        if self._threads and not all(t.is_alive() for t in self._threads) and not self._stop.is_set():
+            return "worker thread died"
+        if self.spool.failed:
+            return f"spool unusable: {self.spool.failed}"
+        return None
+
+    def readiness(self) -> str | None:
+        """None while new data would be accepted, else the reason it would be refused now:
+        ``starting``, ``stopping``, ``spool_full`` (≥ 95 % of ``spool_max_bytes``), ``disk_full``
+        (under 1 MiB free on the spool's file system) or ``spool_write_failed`` (an append failed
+        with an OSError in the last 10 s and none succeeded since), or the liveness failure."""
+        if not self.ready:
+            return "stopping" if self._stop.is_set() or self._draining else "starting"
+        dead = self.liveness()
+        if dead:
+            return dead
+        if self._draining:
+            return "stopping"
+        if self.spool.bytes_used >= self.settings.spool_max_bytes * 0.95:
+            return "spool_full"
+        try:
+            st = os.statvfs(self.spool_dir)
+            if st.f_bavail * st.f_frsize < (1 << 20):
+                return "disk_full"
+        except OSError:
+            pass
+        failed_at = self._append_failed_at
+        if failed_at is not None and time.monotonic() - failed_at < 10.0:
+            return "spool_write_failed"
+        return None
+
+    def quarantine_summary(self) -> tuple[int, int]:
+        """(records, bytes) held in the quarantine directory."""
+        return quarantine.summary(self.quarantine_dir)
+
     # ---- receiving ------------------------------------------------------------------------------
     def accept(self, body: bytes, content_type: str | None, content_encoding: str | None = None) -> Validation:
         """Validate and durably spool one OTLP/HTTP or OTLP/gRPC (protobuf) request.
@@ -252,6 +300,10 @@ class Pipeline:
             raise Backpressure("spool full") from None
         except ValueError:  # the spool is closed: shutting down
             raise Backpressure("shutting down") from None
+        except OSError:  # disk full, I/O error: the receivers answer retryable; readiness says so
+            self._append_failed_at = time.monotonic()
+            raise
+        self._append_failed_at = None
         with self._cv:
             # the worker may have read this record from the spool already: cache only if not
             if seq >= self._next_seq and len(self._mem) < self.settings.queue_max_batches:
@@ -344,15 +396,19 @@ class Pipeline:
         return self._next_seq > self.spool.last_seq
 
     def _store_error(self, e: Exception) -> None:
+        """A retryable store failure: back off 0.5 s, 1 s, 2 s, … up to ``store_retry_max_s``."""
         self.stats.store_errors += 1
         self._last_error = str(e)
         self._store_failing = True
-        self._retry_at = time.monotonic() + _STORE_RETRY_S
+        self._failures += 1
+        delay = min(self.settings.store_retry_max_s, _STORE_RETRY_S * 2 ** min(self._failures - 1, 30))
+        self._retry_at = time.monotonic() + delay
         with self._cv:
             self._cv.notify_all()  # a draining shutdown stops waiting
 
     def _store_ok(self) -> None:
         self._store_failing = False
+        self._failures = 0
         self._last_error = None
 
     def _work_once(self) -> bool:
@@ -382,14 +438,18 @@ class Pipeline:
                     prior, asked = self._rehydrate(seq, spans)
                     per_record.append((seq, spans, prior, asked))
                 self.store.insert_spans([s for _, spans, _, _ in per_record for s in spans])
-            except StoreUnavailable as e:
-                self._store_error(e)
-                with self._cv:  # retry later from the spool, which still holds them (memory stays bounded)
+            except (StoreUnavailable, StoreRejected) as e:
+                # retry later from the spool, which still holds them (memory stays bounded)
+                with self._cv:
                     self._next_seq = batch[0][0]
-                if self.store.ping():  # the store is up: the data itself cannot be stored
-                    self._unstorable(batch)
+                if isinstance(e, StoreRejected):  # a data error: find the record, retry, quarantine
+                    self._unstorable(batch, e)
+                else:  # down, or refusing for a passing reason: back off and retry, never drop
+                    self._store_error(e)
                 return False
             self._store_ok()
+            for seq, _ in batch:
+                self._strikes.pop(seq, None)
             self.stats.store_write_seconds.append(self.store.last_write_s)
             for seq, spans, prior, asked in per_record:
                 if prior:  # spans of committed records, so the trace is assembled whole
@@ -407,30 +467,38 @@ class Pipeline:
         self._open_traces = self.builder.open_traces
         return did and stored
 
-    def _unstorable(self, batch: list[tuple[int, DecodeResult]]) -> None:
-        """A write failed while the store answers: some record's data cannot be stored. Narrow
-        down by writing one record at a time; a single record refused twice with the store up is
-        quarantined (kept as a file in ``<spool dir>.quarantine``, its spans counted rejected as
-        ``unstorable``) so that it cannot block every record behind it forever."""
-        self._retry_at = 0.0  # not an outage: go on at once
+    def _unstorable(self, batch: list[tuple[int, DecodeResult]], err: StoreRejected) -> None:
+        """An insert was refused with a data error (:class:`StoreRejected`). Narrow down by writing
+        one record at a time; a single record refused so for ``quarantine_after_s`` and at least
+        ``_MIN_STRIKES`` attempts (backoff between them) is quarantined — kept durably in
+        ``<spool dir>.quarantine/`` for ``relyscope quarantine list|replay``, its spans counted
+        rejected as ``unstorable`` — so that it cannot block every record behind it forever.
+        A retryable error in between does not reset the count; any stored write does (the
+        record was not the culprit)."""
+        self.stats.store_errors += 1
+        self._last_error = str(err)
         if len(batch) > 1:
             self._single_until = batch[-1][0]
+            self._retry_at = 0.0  # not an outage: narrow down at once
             return
         seq, res = batch[0]
-        self._strikes[seq] = self._strikes.get(seq, 0) + 1
-        if self._strikes[seq] < 2:
+        now = time.monotonic()
+        first, n = self._strikes.get(seq, (now, 0))
+        n += 1
+        self._strikes[seq] = (first, n)
+        if n < _MIN_STRIKES or now - first < self.settings.quarantine_after_s:
+            self._retry_at = now + min(self.settings.store_retry_max_s, _STORE_RETRY_S * 2 ** (n - 1))
             return
         del self._strikes[seq]
-        qdir = self.spool_dir.rstrip("/") + ".quarantine"
-        os.makedirs(qdir, exist_ok=True)
+        self._retry_at = 0.0
         recs = self.spool.read_from(seq, max_records=1)
-        if recs and recs[0][0] == seq:
-            with open(os.path.join(qdir, f"{seq:020d}.otlp"), "wb") as f:
-                f.write(recs[0][1])
-        n = len(res.spans)
-        self.stats.rejected["unstorable"] += n
+        if recs and recs[0][0] == seq:  # OSError propagates: the record stays, retried next pass
+            quarantine.put(self.quarantine_dir, seq, recs[0][1], spans=len(res.spans), error=str(err),
+                           code=err.code)
+        n_spans = len(res.spans)
+        self.stats.rejected["unstorable"] += n_spans
         log.error("spool record %d (%d spans) cannot be stored; quarantined in %s: %s",
-                  seq, n, qdir, self._last_error)
+                  seq, n_spans, self.quarantine_dir, err)
         self._record_traces.append((seq, frozenset()))
         self._advance(seq)
 
@@ -466,11 +534,48 @@ class Pipeline:
         except StoreUnavailable as e:
             self._store_error(e)
             return False
+        except StoreRejected:
+            if not self._emit_one_by_one():
+                return False
         self._store_ok()
         stored, self._pending_trials = self._pending_trials, []
         self.stats.trials_finalized += len(stored)
         with self._score_lock:
             self._dirty_groups.update((t.agent_name, t.agent_version, t.run_kind) for t in stored)
+        return True
+
+    def _emit_one_by_one(self) -> bool:
+        """After a data error on a batch of trials: write them one at a time; a trial refused with
+        a data error for ``quarantine_after_s`` (and ``_MIN_STRIKES`` attempts) is dropped and
+        counted (``trials_unstorable``) — its spans are stored, so nothing acknowledged is lost.
+        True when every pending trial is stored or dropped (``_pending_trials`` then holds the
+        stored ones), False to retry later."""
+        kept: list[Trial] = []
+        ok = True
+        now = time.monotonic()
+        for t in self._pending_trials:
+            try:
+                self.store.insert_trials([t])
+                kept.append(t)
+            except StoreUnavailable as e:
+                self._store_error(e)
+                return False
+            except StoreRejected as e:
+                first, n = self._trial_strikes.get(t.trial_id, (now, 0))
+                n += 1
+                if n >= _MIN_STRIKES and now - first >= self.settings.quarantine_after_s:
+                    self._trial_strikes.pop(t.trial_id, None)
+                    self.stats.rejected["trials_unstorable"] += 1
+                    log.error("trial %s cannot be stored; dropped (its spans are stored): %s", t.trial_id, e)
+                    continue
+                self._trial_strikes[t.trial_id] = (first, n)
+                self.stats.store_errors += 1
+                self._last_error = str(e)
+                self._retry_at = now + min(self.settings.store_retry_max_s, _STORE_RETRY_S * 2 ** (n - 1))
+                ok = False
+        if not ok:  # keep the stored ones too: re-writing them is harmless (ReplacingMergeTree)
+            return False
+        self._pending_trials = kept
         return True
 
     def _commit_spool(self) -> None:
@@ -679,7 +784,9 @@ def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: 
     return rows
 
 
-def _default_spool_dir(dsn: str) -> str:
+def default_spool_dir(dsn: str) -> str:
+    """The spool directory when none is set: ``<store dir>/../spool`` for an embedded store on
+    disk, else ``./.relyscope/spool``. ``dsn`` as resolved by :func:`relyscope.store.resolve_dsn`."""
     if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
         return os.path.join(os.path.dirname(dsn[len("chdb://"):].rstrip("/")), "spool")
     return os.path.abspath(os.path.join(".relyscope", "spool"))

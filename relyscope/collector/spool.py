@@ -574,6 +574,13 @@ class Spool:
             return 0.0
 
     @property
+    def failed(self) -> str | None:
+        """Why the spool refuses every append (a write or sync failed: the kernel may have dropped
+        unsynced pages, so only a restart, which re-scans the segments, makes it usable), or None."""
+        with self._cv:
+            return None if self._failed is None else str(self._failed)
+
+    @property
     def committed_seq(self) -> int:
         """Last committed sequence number (0 if none)."""
         with self._cv:

@@ -3,7 +3,9 @@
 | route | what |
 |---|---|
 | ``GET /metrics`` | Prometheus text format (private registry, see :mod:`relyscope.exporter.prom`) |
-| ``GET /healthz`` | liveness + store reachability, spool and queue figures |
+| ``GET /healthz`` | summary: ok / degraded / the readiness reason; store, spool, queue, quarantine figures |
+| ``GET /livez`` | liveness: 503 only when a restart is needed |
+| ``GET /readyz`` | readiness: 503 while new data would be refused (spool or disk full, starting, stopping) |
 | ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=`` |
 | ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&limit=``) |
 | ``GET /api/v1/sessions`` | trials grouped by conversation id (sessions spanning several traces) |
@@ -85,19 +87,40 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/livez")
+    def livez(response: Response) -> dict:
+        """Liveness: 200 while the process works; 503 only when a restart is needed (a dead worker
+        thread, an unusable spool). A store outage or a full spool never fails it."""
+        dead = pipeline.liveness()
+        if dead:
+            response.status_code = 503
+        return {"status": "dead" if dead else "alive", "reason": dead}
+
+    @app.get("/readyz")
+    def readyz(response: Response) -> dict:
+        """Readiness: 200 while new data is accepted; 503 with the reason (``starting``,
+        ``stopping``, ``spool_full``, ``disk_full``, ``spool_write_failed``) otherwise."""
+        why = pipeline.readiness()
+        if why:
+            response.status_code = 503
+        return {"status": "not_ready" if why else "ready", "reason": why}
+
     @app.get("/healthz")
     def healthz(response: Response) -> dict:
-        """``ok``; ``degraded`` (200: the store is failing, data is spooled); ``spool_full`` and
-        ``starting`` (503: new data would be refused / not ready yet)."""
+        """Summary for people and monitors: ``ok``; ``degraded`` (200: the store is failing and
+        data is spooled, or records sit in quarantine); 503 with the readiness reason as status
+        (``starting``, ``stopping``, ``spool_full``, ``disk_full``, ``spool_write_failed``, or a
+        liveness failure) when new data would be refused."""
         spool = pipeline.spool
-        full = spool.bytes_used >= pipeline.settings.spool_max_bytes * 0.95
-        status = ("starting" if not pipeline.ready else "spool_full" if full
-                  else "degraded" if pipeline.last_error else "ok")
-        if status in ("starting", "spool_full"):
+        why = pipeline.readiness()
+        q_records, q_bytes = pipeline.quarantine_summary()
+        status = why or ("degraded" if pipeline.last_error or q_records else "ok")
+        if why:
             response.status_code = 503
         return {"status": status, "store": pipeline.store.dsn.split("@")[-1],
                 "spool_pending_records": spool.pending_records, "spool_bytes": spool.bytes_used,
-                "queue_depth": pipeline.queue_depth, "last_error": pipeline.last_error}
+                "queue_depth": pipeline.queue_depth, "last_error": pipeline.last_error,
+                "quarantine_records": q_records, "quarantine_bytes": q_bytes}
 
     @app.get("/api/v1/report", dependencies=[Depends(auth)])
     def report(agent: str | None = None, version: str | None = None, run_kind: str | None = None) -> dict:

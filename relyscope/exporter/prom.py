@@ -14,7 +14,7 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
-``relyscope_backpressure_total``. No task, trial or trace id is ever a label.
+``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``. No task, trial or trace id is ever a label.
 """
 
 from __future__ import annotations
@@ -86,6 +86,10 @@ class _ReliabilityCollector(Collector):
         yield GaugeMetricFamily("relyscope_spool_oldest_age_seconds", "Age of the oldest uncommitted spool record", value=p.spool.oldest_pending_age_s)
         yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
         yield GaugeMetricFamily("relyscope_open_traces", "Traces buffered and not yet finalized", value=p.open_traces)
+        q_records, q_bytes = p.quarantine_summary()
+        yield GaugeMetricFamily("relyscope_quarantine_records", "Spool records the store refused as unstorable, "
+                                "kept for `relyscope quarantine replay`", value=q_records)
+        yield GaugeMetricFamily("relyscope_quarantine_bytes", "Bytes held in quarantine", value=q_bytes)
         # drain write-latency samples into the histogram
         q = s.store_write_seconds
         for _ in range(len(q)):  # popleft is atomic: samples appended meanwhile are kept

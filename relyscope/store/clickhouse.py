@@ -17,6 +17,17 @@ Tables (database ``relyscope`` unless the DSN names one):
 - ``judgements`` — the optional LLM judge's evaluation per trial.
 
 Reads use ``FINAL`` so replaced rows never count twice.
+
+Errors (:mod:`relyscope.store.errors`): :class:`StoreUnavailable` is retryable (the store is down,
+or refused a write for a reason that passes), :class:`StoreRejected` permanent (the rows can never
+be stored). Span and trial inserts raise either; every other call raises StoreUnavailable only.
+
+Chaos hook (``fault_file``, ``RELYSCOPE_FAULT_STORE_DOWN_FILE``): while the file exists and is
+empty, every write fails and :meth:`Store.ping` answers False, as if the server were down (reads
+still answer, so tests can look at the store). A file holding JSON fails inserts with a ClickHouse-shaped error of the given code, while
+queries and the ping still answer, e.g. ``{"code": 241}`` (MEMORY_LIMIT_EXCEEDED: transient) or
+``{"code": 53, "match": "poison"}`` (TYPE_MISMATCH: permanent, only for inserts whose rows contain
+the string ``poison``); optional ``"tables": ["otel_traces"]`` limits it to those tables.
 """
 
 from __future__ import annotations
@@ -34,11 +45,9 @@ import clickhouse_connect
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
-__all__ = ["Store", "StoreUnavailable", "open_store", "resolve_dsn"]
+from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
 
-
-class StoreUnavailable(Exception):
-    """Retryable: the store could not be reached or refused the write."""
+__all__ = ["Store", "StoreError", "StoreUnavailable", "StoreRejected", "open_store", "resolve_dsn"]
 
 
 _SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
@@ -250,13 +259,42 @@ class Store:
                     pass
 
     # ---- writes ---------------------------------------------------------------------------------
-    def _insert(self, table: str, rows: list[list], cols: list[str]) -> None:
+    def _fault(self, table: str, rows: list[list]) -> None:
+        """The chaos hook (module docstring). Raises StoreUnavailable, or the driver's own
+        ``DatabaseError`` with a ``Code: N.`` message, so classification runs as for a real one."""
+        try:
+            with open(self.fault_file, "rb") as f:
+                raw = f.read()
+        except OSError:
+            return  # removed meanwhile
+        if not raw.strip():
+            raise StoreUnavailable(f"store down (fault injected by {self.fault_file})")
+        try:
+            spec = json.loads(raw)
+            code = int(spec["code"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreUnavailable(f"bad fault file {self.fault_file}: {e}") from None
+        if spec.get("tables") and table not in spec["tables"]:
+            return
+        if spec.get("match") and not any(spec["match"] in str(r) for r in rows):
+            return
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
+        from relyscope.store.errors import PERMANENT_CODES, TRANSIENT_CODES
+
+        name = PERMANENT_CODES.get(code) or TRANSIENT_CODES.get(code) or "INJECTED"
+        raise DatabaseError(f"Code: {code}. DB::Exception: fault injected by {self.fault_file}. ({name})")
+
+    def _insert(self, table: str, rows: list[list], cols: list[str], *, permanent: bool = False) -> None:
+        """Insert rows. Raises StoreUnavailable (retryable) or — with ``permanent=True`` only —
+        StoreRejected when the rows can never be stored (without it a data error is reported as
+        StoreUnavailable, as callers without a quarantine expect)."""
         if not rows:
             return
         t0 = time.perf_counter()
         try:
             if self.fault_file and os.path.exists(self.fault_file):
-                raise StoreUnavailable(f"store down (fault injected by {self.fault_file})")
+                self._fault(table, rows)
             with self._lock:
                 client = self._ready_client()
                 try:
@@ -265,17 +303,20 @@ class Store:
                     # a lone surrogate that slipped past decoding: a permanent error for this
                     # data, so repair (U+FFFD) and write once more rather than retry forever
                     client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols)
-        except StoreUnavailable:
+        except Exception as e:  # noqa: BLE001 - every driver failure is classified
             self.write_errors += 1
-            raise
-        except Exception as e:  # noqa: BLE001
-            self.write_errors += 1
-            raise StoreUnavailable(f"insert into {table} failed: {e}") from e
+            err = classify(e, f"insert into {table}")
+            if isinstance(err, StoreRejected) and not permanent:
+                err = StoreUnavailable(str(err), err.code)
+            if err is e:
+                raise
+            raise err from e
         finally:
             self.last_write_s = time.perf_counter() - t0
 
     def insert_spans(self, spans: Sequence[CanonicalSpan]) -> None:
-        """Store raw spans in ``otel_traces``."""
+        """Store raw spans in ``otel_traces``. Raises StoreUnavailable (retryable) or
+        StoreRejected (these spans can never be stored)."""
         rows = []
         for s in spans:
             rows.append([
@@ -289,10 +330,10 @@ class Store:
                 [l[0] for l in s.links], [l[1] for l in s.links], sorted(s.flags),
                 s.raw_end_ns if s.raw_end_ns is not None and s.raw_end_ns >= 0 else None,
             ])
-        self._insert("otel_traces", rows, _SPAN_COLS)
+        self._insert("otel_traces", rows, _SPAN_COLS, permanent=True)
 
     def insert_trials(self, trials: Iterable[Trial]) -> None:
-        """Store (or replace) trials."""
+        """Store (or replace) trials. Raises StoreUnavailable or StoreRejected."""
         now = time.time_ns()
         rows = []
         for i, t in enumerate(trials):
@@ -307,7 +348,7 @@ class Store:
                 t.revision, t.span_count,
                 json.dumps([dataclasses.asdict(e) for e in t.evaluations], ensure_ascii=True), now + i,
             ])
-        self._insert("trials", rows, _TRIAL_COLS)
+        self._insert("trials", rows, _TRIAL_COLS, permanent=True)
 
     def insert_outcome(self, key: str, key_kind: str, outcome: str, score: float | None,
                        source: str, *, verifier: bool = False) -> None:
@@ -397,8 +438,8 @@ class Store:
             "SELECT DISTINCT TraceId FROM {db}.otel_traces WHERE TraceId IN %(ids)s", {"ids": ids})}
 
     def ping(self) -> bool:
-        """Whether the store answers (and no chaos fault file says it is down)."""
-        if self.fault_file and os.path.exists(self.fault_file):
+        """Whether the store answers (and no empty chaos fault file says it is down)."""
+        if self.fault_file and os.path.exists(self.fault_file) and not _nonempty(self.fault_file):
             return False
         try:
             return self.query("SELECT 1")[0][0] == 1
@@ -497,6 +538,13 @@ class Store:
             )
             out.append(t)
         return out
+
+
+def _nonempty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
