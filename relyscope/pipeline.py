@@ -81,7 +81,7 @@ _MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyon
 class Backpressure(Exception):
     """Retryable: the spool is full. Receivers answer RESOURCE_EXHAUSTED / 503 + Retry-After."""
 
-    retry_after_s = 5
+    retry_after_s = 2  # a full spool frees a segment within seconds once the store drains
 
 
 @dataclass

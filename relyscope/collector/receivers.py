@@ -10,7 +10,9 @@ into OTLP status codes (OTLP 1.x spec, "OTLP/gRPC Response" and "OTLP/HTTP Respo
 | body over the limit | RESOURCE_EXHAUSTED (message size) | 413 + google.rpc.Status |
 | unknown content type | — | 415 |
 | spool full (retryable) | RESOURCE_EXHAUSTED + RetryInfo | 503 + Retry-After |
-| spool write failed / unexpected error (retryable) | UNAVAILABLE | 503 + Retry-After |
+| spool write failed / unexpected error (retryable) | UNAVAILABLE + RetryInfo | 503 + Retry-After |
+
+RetryInfo goes in both trailers the stock exporters read (:func:`_retry_trailers`).
 | decoder bug (``OTLPRequestError`` 500) | INTERNAL | 500 + google.rpc.Status |
 | missing/wrong bearer token | UNAUTHENTICATED | 401 |
 | other path / method | UNIMPLEMENTED | 404 / 405 + google.rpc.Status |
@@ -45,7 +47,7 @@ log = logging.getLogger("relyscope.receivers")
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _JSON = "application/json"
 _PROTO = "application/x-protobuf"
-_RETRY_AFTER_S = 5  # for retryable failures other than a full spool
+_RETRY_AFTER_S = 2  # for retryable failures other than a full spool
 # media types relyscope.collector.otlp.decode_http accepts (parameters such as charset ignored)
 _ACCEPTED_TYPES = frozenset((_PROTO, "application/protobuf", _JSON))
 
@@ -78,14 +80,25 @@ def check_bearer(header: str | None, token: str | None) -> bool:
     return hmac.compare_digest(header[7:].strip().encode(), token.encode())
 
 
-def _retry_info_status(message: str, seconds: int) -> bytes:
+def _retry_trailers(code: grpc.StatusCode, message: str, seconds: int) -> tuple[tuple[str, bytes], ...]:
+    """Trailing metadata carrying a ``google.rpc.RetryInfo`` hint where each stock OTLP exporter
+    reads it: ``grpc-status-details-bin`` (a ``google.rpc.Status`` with the RetryInfo in its
+    details: the Go exporter's ``throttleDelay``, grpc-java's ``StatusProto``) and
+    ``google.rpc.retryinfo-bin`` (the bare RetryInfo: what opentelemetry-python's gRPC exporter
+    looks up; without it it backs off 1, 2, 4 … s and gives up at its deadline)."""
     from google.protobuf import duration_pb2
     from google.rpc import error_details_pb2, status_pb2
 
-    st = status_pb2.Status(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message=message)
     ri = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=seconds))
+    st = status_pb2.Status(code=code.value[0], message=message)
     st.details.add().Pack(ri)
-    return st.SerializeToString()
+    return (("grpc-status-details-bin", st.SerializeToString()),
+            ("google.rpc.retryinfo-bin", ri.SerializeToString()))
+
+
+def _abort_retryable(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, seconds: int):
+    context.set_trailing_metadata(_retry_trailers(code, message, seconds))
+    context.abort(code, message)
 
 
 def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = None,
@@ -103,15 +116,15 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
             reply = encode_response(result, json=False)
         except OTLPRequestError as e:
             context.abort(_error_codes(e)[1], e.message)
-        except Backpressure:
-            context.set_trailing_metadata(
-                (("grpc-status-details-bin", _retry_info_status("spool full", Backpressure.retry_after_s)),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "relyscope spool full; retry later")
+        except Backpressure as e:
+            _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"relyscope {e}; retry later",
+                             Backpressure.retry_after_s)
         except OSError as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}")
+            _abort_retryable(context, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", _RETRY_AFTER_S)
         except Exception as e:  # noqa: BLE001 - a stage boundary: never a bare UNKNOWN to the client
             log.exception("OTLP/gRPC export failed")
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later")
+            _abort_retryable(context, grpc.StatusCode.UNAVAILABLE,
+                             f"internal error: {type(e).__name__}; retry later", _RETRY_AFTER_S)
         return reply
 
     handler = grpc.method_handlers_generic_handler(
