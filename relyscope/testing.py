@@ -97,11 +97,12 @@ class SidecarProc:
 
 
 def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[str] | None = None,
-                  timeout_s: float = 60, cpu: int | None = None) -> SidecarProc:
+                  timeout_s: float = 60, cpu: int | None = None, wrapper: list[str] | None = None) -> SidecarProc:
     """Start ``relyscope serve`` on free loopback ports; return once it listens.
 
     Test defaults: grace period 0.3 s, score interval 1 s, B = 200 (override with ``extra_env``).
-    ``cpu``: pin the process to that core with ``taskset`` (benchmarks). Raises RuntimeError if it
+    ``cpu``: pin the process to that core with ``taskset`` (benchmarks). ``wrapper``: a command
+    prefix, e.g. ``["prlimit", "--fsize=262144", "--"]`` to make large writes fail. Raises RuntimeError if it
     exits or does not listen within ``timeout_s``, with its log."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +121,8 @@ def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[s
     cmd = [str(RELYSCOPE_BIN), "serve", "--log-level", "warning", *(args or [])]
     if cpu is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", str(cpu), *cmd]
+    if wrapper:
+        cmd = [*wrapper, *cmd]
     with open(data_dir / "sidecar.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     sc = SidecarProc(proc, data_dir, 0, 0, 0, env)

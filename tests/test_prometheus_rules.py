@@ -185,8 +185,11 @@ def test_kubernetes_sidecar_manifest():
     agent = next(c for c in containers if c["name"] == "agent")
     assert {p["containerPort"] for p in sc["ports"]} == {4317, 4318, 9464}
     named = {p["name"]: p["containerPort"] for p in sc["ports"]}
-    probe = sc["readinessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz" and named.get(probe["port"], probe["port"]) == 9464
+    # a full spool must neither restart the sidecar nor take the agent's pod out of service:
+    # every probe of the native sidecar is liveness (/livez), never /readyz or /healthz
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = sc[kind]["httpGet"]
+        assert probe["path"] == "/livez" and named.get(probe["port"], probe["port"]) == 9464, kind
     env = {e["name"]: e for e in sc["env"]}
     assert set(env) <= _settings_env_names()
     assert env["RELYSCOPE_API"]["value"].endswith(":9464")
