@@ -56,8 +56,10 @@ class Settings(BaseSettings):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     policy_file: str | None = Field(None, description="safety policy YAML (see README)")
-    redact_deny: list[str] = Field(default_factory=list, description="attribute keys dropped before storage")
-    redact_patterns: list[str] = Field(default_factory=list, description="regexes masked in content attributes before storage")
+    redact_deny: list[str] = Field(default_factory=list, description="attribute keys or globs dropped before storage "
+                                   "(span, event and resource attributes; case-insensitive)")
+    redact_patterns: list[str] = Field(default_factory=list, description="regexes replaced by [REDACTED] in every "
+                                       "string stored or served (names, status messages, attribute values, events, resource)")
 
     judge_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) of an optional LLM judge; off when unset")
     judge_model: str = Field("gpt-4o-mini", description="model name sent to the judge")
