@@ -10,11 +10,13 @@ worker need not re-read it; the worker decodes protobuf bodies itself. A batch t
 or one replayed after a restart, is re-read from the spool.
 
 One worker thread takes batches in spool order, normalizes the spans, stores them, feeds the
-trajectory builder, stores finalized trials, and commits the spool up to the last record all of
-whose traces are finalized *and* whose trials are stored (a trial that could not be written keeps
-its trace's records uncommitted and is retried). A store outage never blocks ``accept``: the spool
-keeps growing (``SpoolFull`` → :class:`Backpressure` when it is full) and drains when the store
-returns.
+trajectory builder, stores finalized trials, and commits the spool up to the last record whose
+spans are stored — an open trace never pins the spool. The ids of the traces still open (or
+whose trial is not stored yet) are written durably before each commit, and reloaded from the
+store on the next start. A store outage never blocks ``accept``: the spool keeps growing
+(``SpoolFull`` → :class:`Backpressure` when it is full) and drains when the store returns.
+Retryable store errors back off (0.5 s doubling up to ``store_retry_max_s``); a record refused
+with a data error is quarantined after ``quarantine_after_s`` (:meth:`Pipeline._unstorable`).
 
 On start, whatever the spool still holds is replayed. Duplicates are harmless (spans and trials
 are keyed, ReplacingMergeTree). A replayed record may hold only the *late* spans of a trace whose
@@ -33,6 +35,7 @@ than the whole spool) are raised to the receivers, which map them to OTLP status
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import threading
@@ -73,6 +76,7 @@ _INSERT_BATCH_SPANS = 8192  # spans per ClickHouse insert (several spool records
 _TAG_JSON = b"J"
 
 _STORE_RETRY_S = 0.5  # first pause before retrying a failed store write; doubles per failure
+_OPEN_STATE = "open_traces.json"  # spool state: ids of traces open at the last commit
 _MIN_STRIKES = 3  # attempts before a record refused with a data error is quarantined
 _MAX_SEGMENT_BYTES = 64 << 20
 _MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyond: re-read)
@@ -158,7 +162,8 @@ class Pipeline:
         self._trial_strikes: dict[str, tuple[float, int]] = {}  # trial id → same, for trials
         self._failures = 0  # consecutive failed store writes (backoff exponent)
         self.quarantine_dir = quarantine.quarantine_dir(spool_dir)
-        self._record_traces: collections.deque[tuple[int, frozenset[str]]] = collections.deque()
+        self._restored = False  # open traces of the previous run reloaded (see _restore_open)
+        self._persisted_open: frozenset[str] | None = None  # last open-trace list written
         self._pending_trials: list[Trial] = []  # finalized, not yet stored (store down)
         self._retry_at = 0.0  # monotonic time before which the worker does not retry the store
         self._store_failing = False
@@ -416,6 +421,8 @@ class Pipeline:
         if time.monotonic() < self._retry_at:
             return False  # the store failed a moment ago
         now = self.clock()
+        if not self._restored and not self._restore_open(now):
+            return False
         # take several spool records and write their spans in one insert: ClickHouse inserts
         # cost ~2x more per span in batches of 512 than of 8192 (bench/README.md)
         batch: list[tuple[int, DecodeResult]] = []
@@ -457,7 +464,6 @@ class Pipeline:
                 self._rehydrated |= asked
                 new = self.builder.add(((s, normalize(s)) for s in spans), now)
                 self.stats.deduplicated += len(spans) - new
-                self._record_traces.append((seq, frozenset(s.trace_id for s in spans)))
                 self._advance(seq)
             if self._rehydrated and self._next_seq > self._replay_until:
                 self._rehydrated = set()  # replay done
@@ -499,7 +505,6 @@ class Pipeline:
         self.stats.rejected["unstorable"] += n_spans
         log.error("spool record %d (%d spans) cannot be stored; quarantined in %s: %s",
                   seq, n_spans, self.quarantine_dir, err)
-        self._record_traces.append((seq, frozenset()))
         self._advance(seq)
 
     def _rehydrate(self, seq: int, spans: list[CanonicalSpan]) -> tuple[list[CanonicalSpan], set[str]]:
@@ -579,20 +584,47 @@ class Pipeline:
         return True
 
     def _commit_spool(self) -> None:
-        """Commit the longest prefix of processed records none of whose traces is open or has a
-        trial waiting to be stored (then a crash cannot lose them)."""
-        blocked = set(self.builder.open_trace_ids())
-        blocked.update(t.trace_id for t in self._pending_trials)
-        last, n = None, 0
-        for seq, tids in self._record_traces:
-            if not tids.isdisjoint(blocked):
-                break
-            last, n = seq, n + 1
-        if last is None:
+        """Commit every record the worker has stored (or quarantined), whatever the state of its
+        traces, so that an open trace (a rootless one waits ``root_timeout_s``) never pins the
+        spool. What such a trace needs after a crash is in the store already; the ids of the
+        traces still open — or finalized with a trial not yet stored — are written durably first
+        (spool state ``open_traces.json``) and reloaded from the store on the next start
+        (:meth:`_restore_open`)."""
+        with self._cv:
+            upto = self._next_seq - 1
+        if upto <= self.spool.committed_seq:
             return
-        self.spool.commit(last)  # OSError: nothing popped, retried on the next pass
-        for _ in range(n):
-            self._record_traces.popleft()
+        open_ids = frozenset(self.builder.open_trace_ids() | {t.trace_id for t in self._pending_trials})
+        if open_ids != self._persisted_open:  # OSError: nothing committed, retried on the next pass
+            self.spool.write_state(_OPEN_STATE, json.dumps(sorted(open_ids)).encode())
+            self._persisted_open = open_ids
+        self.spool.commit(upto)
+
+    def _restore_open(self, now: float) -> bool:
+        """Once, before the first batch: reload from the store the traces that were open when the
+        previous run stopped (their spool records are committed), with the trials already stored
+        for them, so they are finalized as if there had been no restart. False (and backoff) while
+        the store fails."""
+        raw = self.spool.read_state(_OPEN_STATE)
+        try:
+            ids = sorted(json.loads(raw)) if raw else []
+        except ValueError:
+            log.error("unreadable %s in the spool: open traces of the previous run are not reloaded", _OPEN_STATE)
+            ids = []
+        try:
+            for i in range(0, len(ids), 1000):
+                chunk = [t for t in ids[i:i + 1000] if not self.builder.knows(t)]
+                for t in self.store.load_trials(trace_ids=chunk):
+                    self.builder.remember_emitted(t.trace_id, [t])
+                self.builder.add(((s, normalize(s)) for s in self.store.load_spans(chunk)), now)
+        except StoreUnavailable as e:
+            self._store_error(e)
+            return False
+        if ids:
+            log.info("reloaded %d open traces of the previous run from the store", len(ids))
+        self._restored = True
+        self._persisted_open = frozenset(ids)
+        return True
 
     def _finalize_all(self) -> bool:
         stored = self._emit(self.builder.flush(self.clock()))
