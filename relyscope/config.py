@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     judge_api_key: SecretStr | None = Field(None, description="bearer key for the judge endpoint")
     judge_timeout_s: float = Field(30.0, gt=0)
     judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
+    stop_timeout_s: float = Field(
+        10.0, ge=0, description="graceful stop (SIGTERM): the receivers keep answering while the queue drains, "
+        "at most this long; then they close and the rest stays in the spool for the next start")
     store_retry_max_s: float = Field(
         10.0, gt=0, description="longest pause between retries of a store write that failed for a passing reason "
         "(backoff 0.5 s, 1 s, 2 s, … up to this); the spool keeps the data meanwhile")

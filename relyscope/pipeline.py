@@ -176,6 +176,7 @@ class Pipeline:
         self._last_error: str | None = None
         self.ready = False
         self._draining = False
+        self._last_accept = 0.0  # monotonic time of the last spooled request
         self._append_failed_at: float | None = None  # monotonic time of the last failed append
         self._open_traces = 0
         self._extras: dict[GroupKey, dict] = {}
@@ -190,6 +191,25 @@ class Pipeline:
             t.start()
             self._threads.append(t)
         self.ready = True
+
+    def drain(self, timeout_s: float, *, quiet_s: float = 1.0) -> bool:
+        """First half of a graceful stop, while the receivers still answer: readiness turns to
+        ``stopping``, ``accept`` keeps spooling (an acknowledged span is durable either way), and
+        the worker keeps storing. Returns True once nothing arrived for ``quiet_s`` and the queue
+        is empty (or the store is failing, so waiting would not drain it), False at ``timeout_s``.
+        Then close the receivers and call :meth:`shutdown`."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                now = time.monotonic()
+                if now - self._last_accept >= quiet_s and (self._queue_empty() or self._store_failing):
+                    return True
+                if now >= deadline:
+                    log.warning("stop: still receiving or draining after %.1f s; %d batches left in the spool",
+                                timeout_s, self.queue_depth)
+                    return False
+                self._cv.wait(timeout=min(0.1, deadline - now))
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop after storing what is queued (at most ``timeout_s``; at once while the store is
@@ -319,6 +339,7 @@ class Pipeline:
                     self._mem_cost[seq] = cost
                     self._mem_bytes += cost
             self.stats.accepted += result.accepted
+            self._last_accept = time.monotonic()
             self._cv.notify_all()
         return result
 
