@@ -7,7 +7,7 @@ into OTLP status codes (OTLP 1.x spec, "OTLP/gRPC Response" and "OTLP/HTTP Respo
 |---|---|---|
 | accepted (maybe partially) | OK + ExportTraceServiceResponse (partial_success) | 200, same body |
 | undecodable request | INVALID_ARGUMENT | 400 + google.rpc.Status |
-| body over the limit | RESOURCE_EXHAUSTED (message size) | 413 + google.rpc.Status |
+| body over the limit | INVALID_ARGUMENT (permanent; beyond twice the limit grpc core's RESOURCE_EXHAUSTED) | 413 + google.rpc.Status |
 | unknown content type | — | 415 |
 | spool full (retryable) | RESOURCE_EXHAUSTED + RetryInfo | 503 + Retry-After |
 | spool write failed / unexpected error (retryable) | UNAVAILABLE + RetryInfo | 503 + Retry-After |
@@ -53,13 +53,13 @@ _ACCEPTED_TYPES = frozenset((_PROTO, "application/protobuf", _JSON))
 
 
 def _error_codes(e: OTLPRequestError) -> tuple[int, grpc.StatusCode]:
-    """(HTTP status, gRPC status) of a permanent request error: 413 → RESOURCE_EXHAUSTED (as
-    grpc's own message-size check) unless the error says FAILED_PRECONDITION (a request larger
-    than the whole spool), 500 → INTERNAL, other 4xx → INVALID_ARGUMENT."""
+    """(HTTP status, gRPC status) of a permanent request error: FAILED_PRECONDITION when the error
+    says so (a request larger than the whole spool), 500 → INTERNAL, other 4xx (413 too) →
+    INVALID_ARGUMENT — never RESOURCE_EXHAUSTED, which OTLP exporters retry."""
     if e.grpc_code == "FAILED_PRECONDITION":  # e.g. larger than the whole spool: never retry
         return e.http_status, grpc.StatusCode.FAILED_PRECONDITION
-    if e.http_status == 413:
-        return 413, grpc.StatusCode.RESOURCE_EXHAUSTED
+    if e.http_status == 413:  # too large: permanent (RESOURCE_EXHAUSTED would be retried)
+        return 413, grpc.StatusCode.INVALID_ARGUMENT
     if e.http_status >= 500:
         return 500, grpc.StatusCode.INTERNAL
     if 400 <= e.http_status < 500:
@@ -107,10 +107,16 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
     Returns (server, bound port). Raises RuntimeError if the port cannot be bound."""
     from relyscope.pipeline import Backpressure
 
+    limit = pipeline.settings.max_body_bytes
+
     def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
         md = dict(context.invocation_metadata())
         if not check_bearer(md.get("authorization"), token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        if len(raw) > limit:  # permanent: a retry of the same request cannot succeed
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"request of {len(raw)} bytes exceeds the limit of {limit} bytes (RELYSCOPE_MAX_BODY_BYTES); "
+                          "send smaller batches")
         try:
             result = pipeline.accept(raw, _PROTO, None)
             reply = encode_response(result, json=False)
@@ -130,9 +136,10 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
     handler = grpc.method_handlers_generic_handler(
         _SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(export, request_deserializer=None,
                                                                  response_serializer=None)})
-    limit = pipeline.settings.max_body_bytes
+    # grpc core answers RESOURCE_EXHAUSTED (retryable for OTLP exporters) for a message over its
+    # receive limit; up to twice our limit the handler answers the permanent INVALID_ARGUMENT
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-grpc"),
-                         options=[("grpc.max_receive_message_length", limit),
+                         options=[("grpc.max_receive_message_length", 2 * limit),
                                   ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
     if tls:

@@ -14,7 +14,9 @@
 | ``POST /api/v1/outcomes`` | a (possibly late) outcome for a trial or trace: re-scores its group |
 | ``POST /api/v1/flush`` | finalize every open trace now and rescore (operators, tests, the demo) |
 
-All routes require ``Authorization: Bearer <token>`` when ``RELYSCOPE_AUTH_TOKEN`` is set.
+All routes require ``Authorization: Bearer <token>`` when ``RELYSCOPE_AUTH_TOKEN`` is set, the
+API description (``/docs``, ``/redoc``, ``/openapi.json``) included; the probes (``/livez``,
+``/readyz``, ``/healthz``) never do.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ class OutcomeIn(BaseModel):
 
 def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI:
     """Build the management app around a running pipeline."""
-    app = FastAPI(title="relyscope", version="0.1.0")
+    # with auth on, the API description is behind the token too (routes added below)
+    app = FastAPI(title="relyscope", version="0.1.0", **({"docs_url": None, "redoc_url": None, "openapi_url": None}
+                                                         if token else {}))
     registry = build_registry(pipeline)
 
     @app.middleware("http")
@@ -82,6 +86,21 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     def auth(request: Request) -> None:
         if not check_bearer(request.headers.get("authorization"), token):
             raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    if token:
+        from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(auth)])
+        def openapi_json() -> dict:
+            return app.openapi()
+
+        @app.get("/docs", include_in_schema=False, dependencies=[Depends(auth)])
+        def docs():
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="relyscope API")
+
+        @app.get("/redoc", include_in_schema=False, dependencies=[Depends(auth)])
+        def redoc():
+            return get_redoc_html(openapi_url="/openapi.json", title="relyscope API")
 
     @app.get("/metrics", dependencies=[Depends(auth)])
     def metrics() -> Response:
