@@ -78,8 +78,11 @@ class Settings(BaseSettings):
     shadow_families: list[str] = Field(default_factory=lambda: ["nominal", "prompt", "fault", "env"],
                                        description="perturbation families replayed")
     shadow_p_fault: float = Field(0.2, ge=0, le=1, description="per-call fault probability of fault replays")
-    shadow_fault_timeout_s: float = Field(5.0, ge=0, description="how long an injected timeout really waits")
+    shadow_fault_timeout_s: float = Field(5.0, gt=0, description="how long an injected timeout really waits")
     shadow_fault_retry_after_s: float = Field(1.0, ge=0, description="Retry-After of an injected 429")
+    shadow_fault_mix: dict[str, float] | None = Field(None, description="fault type → probability (default: "
+                                                      "metrics.md §4 mix; must sum to 1)")
+    shadow_fault_tools: list[str] | None = Field(None, description="tools faults are injected into (default: all)")
     shadow_env_strength: str = Field("medium", description="env perturbation strength: mild | medium | severe")
     shadow_prompt_strength: str = Field("mild", description="prompt rewrite strength: mild | medium | strong | naturalistic")
     shadow_live_tools: list[str] = Field(default_factory=list, description="read-only tools (names or globs) "

@@ -53,8 +53,11 @@ class ShadowStage:
         self.policy = policy
         self.proxy_base_url = (s.shadow_proxy_url or proxy_base_url).rstrip("/")
         self.sampler = Sampler(s.shadow_rate, s.shadow_cap_per_hour, s.shadow_quiet_s)
-        self.injector = FaultInjector(s.shadow_p_fault, timeout_s=s.shadow_fault_timeout_s,
-                                      retry_after_s=s.shadow_fault_retry_after_s)
+        from relyscope.shadow.faults import FAULT_MIX
+
+        self.injector = FaultInjector(s.shadow_p_fault, s.shadow_fault_mix or FAULT_MIX,
+                                      timeout_s=s.shadow_fault_timeout_s,
+                                      retry_after_s=s.shadow_fault_retry_after_s, tools=s.shadow_fault_tools)
         self.paused = s.shadow_paused
         self.sessions: dict[str, SandboxSession] = {}
         self.running: set[str] = set()
@@ -63,7 +66,7 @@ class ShadowStage:
             "proxy": collections.Counter(), "faults": collections.Counter(),
             "side_effects_recorded": collections.Counter(), "rewriter": collections.Counter()}
         self.rewriter_cost_usd: float | None = None
-        self._rewriter = self._make_rewriter()
+        self._rewriter_obj = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -217,6 +220,12 @@ class ShadowStage:
             self.rewriter_cost_usd = cost
         return out
 
+    @property
+    def _rewriter(self):
+        if self._rewriter_obj is None:
+            self._rewriter_obj = self._make_rewriter()
+        return self._rewriter_obj
+
     def _make_rewriter(self):
         from relyscope.shadow.rewriters import LLMRewriter, RuleRewriter
 
@@ -228,9 +237,10 @@ class ShadowStage:
 
     def _schedule(self, trials: list[Trial]) -> tuple[list[ReplaySpec], list[str]]:
         s = self.settings
-        rw = self._rewriter
-        if hasattr(rw, "new_cycle"):
-            rw.new_cycle()
+        if "prompt" in s.shadow_families and s.shadow_j:
+            rw = self._rewriter
+            if hasattr(rw, "new_cycle"):
+                rw.new_cycle()
         specs: list[ReplaySpec] = []
         notes: list[str] = []
         for t in trials:
