@@ -213,11 +213,12 @@ class ShadowStage:
             self.counts["rewriter"]["fallback"] += 1
             log.warning("prompt rewriter failed (%s); using the built-in rule rewriter", e)
             out = prompt_variants(text, j=self.settings.shadow_j, seed=seed, strength=strength, rewriter=RuleRewriter())
-        calls = getattr(rw, "calls", None)
-        if calls is not None:
-            self.counts["rewriter"]["calls"] = calls
-            cost = getattr(rw, "cost_usd", None)
-            self.rewriter_cost_usd = cost
+        usage = getattr(rw, "usage", None)
+        if usage is not None:  # the LLM rewriter: calls and cost of this cycle (None = unknown)
+            u = usage() if callable(usage) else usage
+            self.counts["rewriter"]["calls"] = u.calls
+            self.counts["rewriter"]["failed_calls"] = u.failed_calls
+            self.rewriter_cost_usd = u.cost_usd
         return out
 
     @property
