@@ -210,3 +210,66 @@ def test_call_without_recording_is_a_sandbox_miss_excluded_and_counted(tmp_path)
         if agent is not None:
             agent.stop()
         sc.kill()
+
+
+_SILENT = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
+print("listening", flush=True)
+conns = []
+t0 = time.monotonic()
+while time.monotonic() - t0 < 120:   # bounded: accepts and never answers
+    c, _ = s.accept(); conns.append(c)
+"""
+
+
+def test_bad_targets_get_clear_statuses_and_touch_no_production_data(tmp_path):
+    """A target that is down, one that answers garbage (a plain HTTP file server) and one that
+    never answers: each replay ends error / error / timeout with the reason; production is intact."""
+    down, garbage, silent = free_port(), free_port(), free_port()
+    sc = start_sidecar(tmp_path, extra_env=_ports_env(
+        {"3.0": down, "4.0": garbage, "5.0": silent}, RELYSCOPE_SHADOW_K="1",
+        RELYSCOPE_SHADOW_FAMILIES='["nominal"]', RELYSCOPE_SHADOW_REPLAY_TIMEOUT_S="2",
+        RELYSCOPE_SHADOW_CONCURRENCY="3"))
+    effects = tmp_path / "effects.log"
+    procs = []
+    try:
+        run_production(sc, effects, tasks=1, runs=1)
+        prod_before = sc.trials(run_kind="production")
+        procs.append(subprocess.Popen([sys.executable, "-m", "http.server", str(garbage), "--bind", "127.0.0.1",
+                                       "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([sys.executable, "-c", _SILENT, str(silent)], stdout=subprocess.PIPE, text=True))
+        procs[-1].stdout.readline()
+        for _ in range(100):  # the file server is up
+            try:
+                httpx.get(f"http://127.0.0.1:{garbage}/", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        ids = replay_and_wait(sc, [prod_before[0]["trial_id"]], timeout_s=60)
+        rows = {r["target_version"]: r for r in (sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids)}
+        assert rows["3.0"]["status"] == "error" and "unreachable" in rows["3.0"]["error"]
+        assert rows["4.0"]["status"] == "error" and "not a replay reply" in rows["4.0"]["error"]
+        assert rows["5.0"]["status"] == "timeout" and "within 2 s" in rows["5.0"]["error"]
+        assert sc.trials(run_kind="production") == prod_before
+        assert sc.trials(run_kind="shadow") == []
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+        sc.kill()
+
+
+def test_replay_api_refuses_mistakes(nominal_env):
+    sc = nominal_env["sc"]
+    assert sc.post("/api/v1/shadow/replays", json={}).status_code == 422
+    r = sc.post("/api/v1/shadow/replays", json={"trial_ids": ["nope"]})
+    assert r.status_code == 422 and "unknown trial ids" in r.text
+    assert sc.post("/api/v1/shadow/replays", json={"last": "3"}).status_code == 422
+    assert sc.get("/api/v1/shadow/replays", params={"status": "weird"}).status_code == 422
+    assert sc.get("/api/v1/shadow/replays/doesnotexist").status_code == 404
+    # the proxy answers only running replays
+    r = sc.post("/shadow/v1/replays/doesnotexist/tool-calls", json={"name": "get_order"})
+    assert r.status_code == 404 and r.json()["outcome"] == "sandbox_miss"
+    assert sc.post("/shadow/v1/replays/x/tool-calls", content=b"not json").status_code == 400
