@@ -28,6 +28,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
 import_app = typer.Typer(no_args_is_help=True, help="Import benchmark results as OTLP spans.")
 app.add_typer(import_app, name="import")
+from relyscope.cli.shadow import gate as _gate_cmd, shadow_app  # noqa: E402
+
+app.add_typer(shadow_app, name="shadow")
+app.command("gate")(_gate_cmd)
 # piped output is not cut to 80 columns (tables stay readable in logs and files)
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
