@@ -311,10 +311,24 @@ def test_bad_side_data_raises() -> None:
     b = trials_from_counts("b", [3] * 20)
     with pytest.raises(ValueError, match="severity"):
         evaluate_gate(side(b), side(trials_from_counts("c", [3] * 20), severities={"c-0-nom-0": 2.0}), GatePolicy())
+    with pytest.raises(ValueError, match="non-negative"):
+        evaluate_gate(side(b), side(trials_from_counts("c", [3] * 20), critical={"c-0-nom-0": -1}), GatePolicy())
     with pytest.raises(ValueError):
         SandboxStats(replays=10, sandbox_misses=11)
     with pytest.raises(ValueError):
         HarnessStats(replays=-1, agreeing=0)
+
+
+def test_strata_resample_within_each_stratum() -> None:
+    # Per-task counts depend only on t % 6; with t % 6 as the stratum every stratum is homogeneous,
+    # so every stratified replicate reproduces the point Δ: a zero-width interval at 0.2.
+    strata = {f"task-{t}": t % 6 for t in range(30)}
+    pol = GatePolicy(metrics={"success_rate": MetricBound(max_regression=0.05)})
+    b, c = side(trials_from_counts("b", BASE_COUNTS)), side(trials_from_counts("c", BETTER_COUNTS))
+    sr = evaluate_gate(b, c, pol, strata=strata).deltas["success_rate"]
+    assert sr.ci == pytest.approx((0.2, 0.2), abs=1e-12)
+    plain = evaluate_gate(b, c, pol).deltas["success_rate"]
+    assert plain.ci[1] - plain.ci[0] > 0.05
 
 
 def test_exit_codes() -> None:

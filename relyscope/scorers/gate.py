@@ -606,7 +606,9 @@ def _fmt_ci(ci: tuple[float, float] | None) -> str:
     return "—" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
-def _gate_metric(key: str, bound_cfg: MetricBound, b: _Tab, c: _Tab, policy: GatePolicy, n_shared: int) -> tuple[MetricDelta, GateReason | None]:
+def _gate_metric(
+    key: str, bound_cfg: MetricBound, b: _Tab, c: _Tab, policy: GatePolicy, n_shared: int, labels: NDArray[Any] | None
+) -> tuple[MetricDelta, GateReason | None]:
     nan = math.nan
     bound = -bound_cfg.max_regression
     plan = _plan(key, b, c, policy)
@@ -624,7 +626,8 @@ def _gate_metric(key: str, bound_cfg: MetricBound, b: _Tab, c: _Tab, policy: Gat
     rows = plan.mask
     bb, bc = plan.block_b[rows], plan.block_c[rows]
     n = int(rows.sum())
-    res = paired_bootstrap([bb], [bc], plan.statistic, n_boot=policy.n_boot, seed=policy.seed, level=policy.level)
+    strata = None if labels is None else labels[rows]
+    res = paired_bootstrap([bb], [bc], plan.statistic, n_boot=policy.n_boot, seed=policy.seed, strata=strata, level=policy.level)
     vb = float(plan.statistic([bb.sum(0)[None, :]])[0])
     vc = float(plan.statistic([bc.sum(0)[None, :]])[0])
     sizes = dict(n_tasks=n, n_trials_baseline=plan.trials_b, n_trials_candidate=plan.trials_c)
@@ -647,6 +650,8 @@ def _gate_metric(key: str, bound_cfg: MetricBound, b: _Tab, c: _Tab, policy: Gat
         verdict = "inconclusive"
         needs = needs_more_tasks_estimate(n, d, (lo, hi), bound, min_tasks=policy.min_tasks, n_shared=n_shared)
         tail = f"; fewer than min_tasks = {policy.min_tasks} tasks"
+        if lo <= bound:
+            tail += f" and the interval straddles {bound:+.3f}"
     elif lo <= bound:
         verdict = "inconclusive"
         needs = needs_more_tasks_estimate(n, d, (lo, hi), bound, min_tasks=policy.min_tasks, n_shared=n_shared)
@@ -676,6 +681,8 @@ def _count_gate(
             f"{name}: not measured on the candidate (no safety policy); configure one or set {field_name}: false",
             n_trials_candidate=n_c,
         )  # fmt: skip
+    if any(not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0 for v in counts_c.values()):
+        raise ValueError(f"candidate {name} counts must be non-negative integers")
     total = sum(int(counts_c.get(t.trial_id, 0)) for t in cand.trials)
     if total <= 0:
         return None
@@ -697,6 +704,7 @@ def evaluate_gate(
     *,
     sandbox: SandboxStats | None = None,
     harness: HarnessStats | None = None,
+    strata: Mapping[str, Any] | None = None,
 ) -> GateResult:
     """Release-gate verdict of ``candidate`` against ``baseline`` (metrics.md §10; order and
     formulas in the module docstring).
@@ -706,9 +714,12 @@ def evaluate_gate(
         policy: thresholds (default ``GatePolicy()``, equal to the packaged ``gate_default.yaml``).
         sandbox: sandbox coverage of the replays (None or 0 replays = not measured, not checked).
         harness: harness check of the incumbent's replays (None or 0 replays = not measured).
+        strata: task_id → stratum label (agent domain, task family): each replicate then resamples
+            within strata (metrics.md §10); unlabelled tasks form one stratum of their own.
 
     Returns: :class:`GateResult`; every check is evaluated (an ``error`` still reports hard gates
-    and deltas where computable). Raises ValueError for a severity outside [0, 1]. Pure and
+    and deltas where computable). Raises ValueError for a severity outside [0, 1] or a negative /
+    non-integer violation count. Pure and
     CPU-bound: one paired bootstrap of B replicates per gated metric (milliseconds for 100 tasks).
     """
     pol = policy if policy is not None else GatePolicy()
@@ -772,8 +783,9 @@ def evaluate_gate(
         index = {t: i for i, t in enumerate(ids)}
         tb = _tabulate(baseline, index, "baseline")
         tc = _tabulate(candidate, index, "candidate")
+        labels = None if strata is None else np.array([str(strata.get(t, "\x00unlabelled")) for t in ids])
         for key, cfg in pol.metrics.items():
-            md, reason = _gate_metric(key, cfg, tb, tc, pol, n_shared)
+            md, reason = _gate_metric(key, cfg, tb, tc, pol, n_shared, labels)
             deltas[key] = md
             if reason is not None:
                 reasons.append(reason)
