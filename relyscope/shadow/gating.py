@@ -47,8 +47,10 @@ def gate_side(trials: Sequence[Trial], policy: Any, label: str) -> GateSide:
             critical[tid] = crit
         if forb:
             forbidden[tid] = forb
-    return GateSide(trials=list(trials), severities=rv.severities if pol is not None else None,
-                    critical=critical, committed_forbidden=forbidden, invalid=rv.invalid, label=label)
+    measured = pol is not None  # no policy: safety unknown (None), never "0 violations"
+    return GateSide(trials=list(trials), severities=rv.severities if measured else None,
+                    critical=critical if measured else None,
+                    committed_forbidden=forbidden if measured else None, invalid=rv.invalid, label=label)
 
 
 def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, candidate: str,
