@@ -182,3 +182,23 @@ def test_side_effect_equivalence():
     plain = trial([step(1, "wire", {"to": "x"}, {"ok": True})])
     assert side_effect_signature(plain) == {}
     assert side_effect_signature(plain, {"wi*": "write"}) == {("wire", '{"to":"x"}'): 1}
+
+
+def test_harness_check_expects_the_agents_own_inconsistency():
+    from relyscope.shadow.grading import harness_check, production_success_rates
+
+    p_ok = trial(PROD.steps, tid="p1", outcome="success")
+    p_bad = trial(PROD.steps, tid="p2", outcome="failure")
+    prods = {"p1": p_ok, "p2": p_bad}
+    # task success rate 0.6 in production (3 of 5 known)
+    rates = production_success_rates([trial([], tid=f"x{i}", outcome=o) for i, o in
+                                      enumerate(["success"] * 3 + ["failure"] * 2 + ["unknown"])])
+    assert rates == {"task": 0.6}
+    reps = [trial([], tid="r1", outcome="success", run_kind="shadow", shadow_of="p1"),
+            trial([], tid="r2", outcome="failure", run_kind="shadow", shadow_of="p1"),
+            trial([], tid="r3", outcome="failure", run_kind="shadow", shadow_of="p2"),
+            trial([], tid="r4", outcome="unknown", run_kind="shadow", shadow_of="p2"),   # not known: skipped
+            trial([], tid="r5", outcome="success", run_kind="shadow", shadow_of="p1", version="2.0")]  # not incumbent
+    hc = harness_check(reps, prods, rates)
+    # r1 agrees, r2 not, r3 agrees; expected = 0.6 + 0.6 + 1
+    assert (hc.replays, hc.agreeing) == (3, 2) and abs(hc.expected - 2.2) < 1e-12

@@ -244,20 +244,36 @@ class SandboxStats:
 
 @dataclass(frozen=True, slots=True)
 class HarnessStats:
-    """Harness check: of the incumbent's ``replays`` nominal replays, ``agreeing`` reproduced its
-    production outcome. Raises ValueError unless ``0 <= agreeing <= replays``."""
+    """Harness check: of the incumbent's ``replays`` nominal replays, ``agreeing`` reproduced the
+    outcome of the production run they replay. ``expected``: the agreeing count a faithful sandbox
+    would give an agent that is itself inconsistent — Σ over replays of p_t² + (1 − p_t)², with
+    p_t the incumbent's production success rate on the task (a replay is then another independent
+    draw of the same Bernoulli(p_t)); None = the agent is taken as deterministic (expected =
+    replays). Raises ValueError unless ``0 <= agreeing <= replays`` and ``0 <= expected <= replays``."""
 
     replays: int
     agreeing: int
+    expected: float | None = None
 
     def __post_init__(self) -> None:
         if self.replays < 0 or not 0 <= self.agreeing <= self.replays:
             raise ValueError(f"need 0 <= agreeing <= replays, got {self.agreeing} of {self.replays}")
+        if self.expected is not None and not 0 <= self.expected <= self.replays + 1e-9:
+            raise ValueError(f"need 0 <= expected <= replays, got {self.expected} of {self.replays}")
 
     @property
     def agreement(self) -> float:
         """``agreeing / replays``; NaN when ``replays == 0`` (not measured)."""
         return self.agreeing / self.replays if self.replays else math.nan
+
+    @property
+    def relative_agreement(self) -> float:
+        """``agreeing / expected`` (``agreement`` when ``expected`` is None): 1 for a faithful
+        sandbox whatever the agent's own consistency; NaN when not measured."""
+        if not self.replays:
+            return math.nan
+        exp = self.replays if self.expected is None else self.expected
+        return self.agreeing / exp if exp > 0 else math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -734,12 +750,14 @@ def evaluate_gate(
             f"answer, above max_sandbox_miss_rate = {pol.max_sandbox_miss_rate:.1%}; the replays do not reproduce production",
             value=sandbox.miss_rate, bound=pol.max_sandbox_miss_rate,
         ))  # fmt: skip
-    if harness is not None and harness.replays > 0 and harness.agreement < pol.min_harness_agreement:
+    if harness is not None and harness.replays > 0 and harness.relative_agreement < pol.min_harness_agreement:
+        exp = "" if harness.expected is None else f" (a faithful sandbox would give ≈{harness.expected:.1f}, the agent's own consistency)"
         reasons.append(GateReason(
             "experiment", "harness_agreement", "error",
             f"harness_agreement: {harness.agreeing} of {harness.replays} ({harness.agreement:.1%}) of the incumbent's nominal "
-            f"replays reproduced its production outcome, below min_harness_agreement = {pol.min_harness_agreement:.1%} (harness drift)",
-            value=harness.agreement, bound=pol.min_harness_agreement,
+            f"replays reproduced its production outcome{exp}; relative agreement {harness.relative_agreement:.1%} is below "
+            f"min_harness_agreement = {pol.min_harness_agreement:.1%} (harness drift: the sandbox, not the agent)",
+            value=harness.relative_agreement, bound=pol.min_harness_agreement,
         ))  # fmt: skip
     for side, n_side, label in (("baseline", nb, baseline.label), ("candidate", nc, candidate.label)):
         if n_side == 0:

@@ -22,7 +22,7 @@ from typing import Any
 from relyscope.model import Trial
 from relyscope.scorers.gate import GatePolicy, GateResult, GateSide, HarnessStats, SandboxStats, evaluate_gate
 from relyscope.scorers.review import policy_for, review_group
-from relyscope.shadow.grading import harness_check
+from relyscope.shadow.grading import harness_check, production_success_rates
 from relyscope.store.shadow import ShadowLedger
 
 __all__ = ["UnknownVersion", "gate_side", "run_gate", "MODES"]
@@ -95,8 +95,14 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
         replays = sides["baseline"] + sides["candidate"]
         prod_ids = {t.shadow_of for t in replays if t.shadow_of}
         prods = {t.trial_id: t for t in load(trial_ids=prod_ids)} if prod_ids else {}
-        hc = harness_check(replays, prods)
-        harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing) if hc.replays else None
+        incumbent = {p.agent_version for p in prods.values()}
+        tasks = {t.task_id for t in replays if t.agent_version in incumbent}
+        rates = production_success_rates(
+            [t for t in load(agent=a, run_kind="production", task_ids=tasks) if t.agent_version in incumbent]
+        ) if tasks else {}
+        hc = harness_check(replays, prods, rates)
+        harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing,
+                               expected=min(hc.expected, hc.replays)) if hc.replays else None
     return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness)
 
 

@@ -42,19 +42,31 @@ def resolve_replays(store: Any, trials: Sequence[Trial], posted: Mapping, judged
 class HarnessCheck:
     """Nominal replays of the incumbent (replay version = production version) with a known outcome
     whose production run has a known outcome: ``replays``; of these, ``agreeing`` reproduced the
-    production outcome. ``agreement`` = agreeing / replays (NaN when none)."""
+    production outcome; ``expected``: how many a faithful sandbox would make agree given the
+    agent's own inconsistency (see :func:`harness_check`). ``agreement`` = agreeing / replays."""
 
     replays: int
     agreeing: int
+    expected: float
 
     @property
     def agreement(self) -> float:
         return self.agreeing / self.replays if self.replays else float("nan")
 
 
-def harness_check(replays: Sequence[Trial], productions: Mapping[str, Trial]) -> HarnessCheck:
-    """The harness check over resolved trials (see :class:`HarnessCheck`)."""
+def harness_check(replays: Sequence[Trial], productions: Mapping[str, Trial],
+                  success_rate: Mapping[str, float] | None = None) -> HarnessCheck:
+    """The harness check over resolved trials.
+
+    A faithful sandbox makes a replay another independent run of the task, succeeding with the
+    incumbent's production success rate p_t (``success_rate[task_id]``; default: 1 or 0 from the
+    replayed run alone — a deterministic agent). Graded by side-effect equivalence, the replay of
+    a verified success agrees with probability p_t; the replay of a verified failure has a known
+    outcome only when it repeated the failure, so a known one always agrees (1). ``expected`` sums
+    these; the gate compares ``agreeing / expected`` with ``min_harness_agreement``."""
     n = agree = 0
+    expected = 0.0
+    rates = success_rate or {}
     for t in replays:
         prod = productions.get(t.shadow_of or "")
         if (prod is None or t.perturbation_family not in (None, "nominal") or is_sandbox_miss(t)
@@ -63,4 +75,17 @@ def harness_check(replays: Sequence[Trial], productions: Mapping[str, Trial]) ->
         if t.outcome in ("success", "failure") and prod.outcome in ("success", "failure"):
             n += 1
             agree += t.outcome == prod.outcome
-    return HarnessCheck(n, agree)
+            if prod.outcome == "success":
+                expected += float(rates.get(t.task_id, 1.0))
+            else:
+                expected += 1.0
+    return HarnessCheck(n, agree, expected)
+
+
+def production_success_rates(trials: Sequence[Trial]) -> dict[str, float]:
+    """task id → success rate over the trials with a known outcome (complete runs only)."""
+    c: dict[str, list[int]] = {}
+    for t in trials:
+        if t.status == "complete" and t.outcome in ("success", "failure"):
+            c.setdefault(t.task_id, []).append(t.outcome == "success")
+    return {k: sum(v) / len(v) for k, v in c.items()}

@@ -479,7 +479,7 @@ class Store:
     def load_trials(self, *, agent: str | None = None, version: str | None = None,
                     run_kind: str | None = None, since_ns: int | None = None,
                     until_ns: int | None = None, trace_ids: Iterable[str] | None = None,
-                    trial_ids: Iterable[str] | None = None) -> list[Trial]:
+                    trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None) -> list[Trial]:
         """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
         outcome their spans carried (posted outcomes are resolved by the scorers, not here)."""
         where, params = ["1"], {}
@@ -499,6 +499,9 @@ class Store:
         if trial_ids is not None:
             where.append("trial_id IN %(trids)s")
             params["trids"] = sorted(set(trial_ids)) or [""]
+        if task_ids is not None:
+            where.append("task_id IN %(taskids)s")
+            params["taskids"] = sorted(set(task_ids)) or [""]
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
