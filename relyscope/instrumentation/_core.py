@@ -265,6 +265,8 @@ class ToolCallHandle(SpanHandle):
             if e.fault_type:
                 self._span.set_attribute(sc.RS_FAULT_TYPE, e.fault_type)
             self._span.set_attribute(sc.RS_SANDBOX_MATCH, "none" if isinstance(e, _replay.SandboxMiss) else "fault")
+            # the span fails even when the agent catches the fault inside the with-block
+            self.set_error(e.error_type, str(e))
             raise
         self._span.set_attribute(sc.RS_SANDBOX_MATCH, str(answer.get("match") or kind))
         if answer.get("recorded"):
