@@ -330,6 +330,7 @@ def _print_report(rep: dict, fmt) -> None:
 
 
 DEMO_VERSIONS = {"1.0.0": 0.0, "1.0.1": 0.0, "1.1.0": -0.35}
+DEMO_K = 3  # replays per family and sampled run in the demo (the product default is K = J = 5)
 """Demo replay targets: the incumbent, an equal candidate (same code) and a worse one (P(final
 action right) 0.35 lower)."""
 
@@ -360,11 +361,11 @@ def demo(
         target_port = sock.getsockname()[1]
     s = _settings(store=f"chdb://{data_dir.resolve()}/data", spool_dir=str(data_dir.resolve() / "spool"),
                   otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", api="127.0.0.1:0",
-                  grace_period_s=0.5, score_interval_s=1.0,
+                  grace_period_s=0.5, score_interval_s=5.0,
                   policy_file=str(Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"),
                   shadow_targets={v: f"http://127.0.0.1:{target_port}/v/{v}/replay" for v in DEMO_VERSIONS}
                   if shadow else {},
-                  shadow_rate=0.0, shadow_k=5, shadow_j=5, shadow_concurrency=4, shadow_interval_s=0.5,
+                  shadow_rate=0.0, shadow_k=DEMO_K, shadow_j=DEMO_K, shadow_concurrency=4, shadow_interval_s=0.5,
                   shadow_fault_timeout_s=0.2, shadow_fault_retry_after_s=0.1)
     t0 = time.monotonic()
     sc = Sidecar(s).start()
@@ -440,7 +441,7 @@ def _demo_shadow(sc, seed: int) -> list[dict]:
     plan = sc.shadow.plan_now(trial_ids=[t.trial_id for t in first.values()])
     ids = plan["replay_ids"]
     err.print(f"shadow: {len(ids)} replays of {len(plan['trials'])} production runs "
-              f"(nominal × 5, prompt × 5, fault × 5, env × 5, for each of {len(DEMO_VERSIONS)} versions)")
+              f"(nominal, prompt, fault, env × {DEMO_K} each, for each of {len(DEMO_VERSIONS)} versions)")
     with _progress() as prog:
         task = prog.add_task("replaying", total=len(ids))
         deadline = time.monotonic() + 600
