@@ -101,6 +101,9 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         @app.get("/redoc", include_in_schema=False, dependencies=[Depends(auth)])
         def redoc():
             return get_redoc_html(openapi_url="/openapi.json", title="relyscope API")
+    from relyscope.exporter.shadow_api import shadow_router
+
+    app.include_router(shadow_router(pipeline, auth))
 
     @app.get("/metrics", dependencies=[Depends(auth)])
     def metrics() -> Response:
