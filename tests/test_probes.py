@@ -42,8 +42,12 @@ def test_full_spool_fails_readiness_not_liveness(tmp_path, sidecars):
 
 @pytest.mark.skipif(not shutil.which("prlimit"), reason="needs prlimit (util-linux)")
 def test_disk_full_spool_fails_readiness_and_health_not_liveness(tmp_path):
-    # 8 MiB spool → 1 MiB segments; the file-size limit stops a segment at 256 KiB
-    sc = start_sidecar(tmp_path, extra_env={"RELYSCOPE_SPOOL_MAX_BYTES": str(8 << 20)},
+    # 8 MiB spool → 1 MiB segments; the file-size limit stops a segment at 256 KiB. The store is
+    # down (an outage while the disk fills), so nothing is committed and the segment only grows.
+    down = tmp_path / "down"
+    down.touch()
+    sc = start_sidecar(tmp_path, extra_env={"RELYSCOPE_SPOOL_MAX_BYTES": str(8 << 20),
+                                            "RELYSCOPE_FAULT_STORE_DOWN_FILE": str(down)},
                        wrapper=["prlimit", f"--fsize={256 << 10}", "--"])
     try:
         statuses = set()
