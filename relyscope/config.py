@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     judge_api_key: SecretStr | None = Field(None, description="bearer key for the judge endpoint")
     judge_timeout_s: float = Field(30.0, gt=0)
     judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
+    finalized_retain_s: float = Field(
+        900.0, ge=0, description="how long a finalized trace is kept in memory to absorb late spans (later ones "
+        "reload the trace from the store)")
+    finalized_cache_bytes: int = Field(
+        128 << 20, ge=0, description="bound on the (estimated) memory of the finalized traces kept for late "
+        "spans; the oldest are evicted first (relyscope_finalized_traces_evicted_total)")
     stop_timeout_s: float = Field(
         10.0, ge=0, description="graceful stop (SIGTERM): the receivers keep answering while the queue drains, "
         "at most this long; then they close and the rest stays in the spool for the next start")

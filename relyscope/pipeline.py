@@ -142,8 +142,12 @@ class Pipeline:
         self.spool_dir = spool_dir
         self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
                            segment_bytes=spool_segment_bytes(settings))
+        # evicted finalized traces are forgotten: a late span reloads its trace from the store
+        # (_rehydrate), so the cache bound costs a query, never a fragment trial
         self.builder = TrajectoryBuilder(grace_s=settings.grace_period_s,
-                                         root_timeout_s=settings.root_timeout_s)
+                                         root_timeout_s=settings.root_timeout_s,
+                                         retain_s=settings.finalized_retain_s,
+                                         retain_bytes=settings.finalized_cache_bytes, forget_evicted=True)
         self.stats = Stats()
         self.scores: dict[GroupKey, GroupScore] = {}
         self._dirty_groups: set[GroupKey] = set()

@@ -14,7 +14,8 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
-``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``. No task, trial or trace id is ever a label.
+``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
+``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``. No task, trial or trace id is ever a label.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ class _ReliabilityCollector(Collector):
         yield GaugeMetricFamily("relyscope_spool_oldest_age_seconds", "Age of the oldest uncommitted spool record", value=p.spool.oldest_pending_age_s)
         yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
         yield GaugeMetricFamily("relyscope_open_traces", "Traces buffered and not yet finalized", value=p.open_traces)
+        yield CounterMetricFamily("relyscope_finalized_traces_evicted", "Finalized traces evicted from the "
+                                  "late-span cache (by age or by RELYSCOPE_FINALIZED_CACHE_BYTES)", value=p.builder.evicted)
+        yield GaugeMetricFamily("relyscope_finalized_cache_bytes", "Estimated memory of the finalized traces kept "
+                                "for late spans", value=p.builder.retained_bytes)
         q_records, q_bytes = p.quarantine_summary()
         yield GaugeMetricFamily("relyscope_quarantine_records", "Spool records the store refused as unstorable, "
                                 "kept for `relyscope quarantine replay`", value=q_records)
