@@ -41,6 +41,9 @@ class Settings(BaseSettings):
         None, ge=4096, description="spool segment size; space is freed per whole segment (default min(64 MiB, spool_max_bytes/8))")
     queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
+    max_inflight_bytes: int = Field(
+        256 << 20, ge=1 << 20, description="request bytes held at once by both OTLP receivers (bodies being read, "
+        "decompressed, validated); beyond it a request gets the retryable signal (HTTP 503 / gRPC RESOURCE_EXHAUSTED)")
     max_attributes: int = Field(128, ge=1, description="attributes kept per span (OTel SDK default)")
     max_attribute_length: int | None = Field(None, ge=1, description="longest string attribute kept; None = unlimited (OTel SDK default)")
     grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")

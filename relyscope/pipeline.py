@@ -63,6 +63,7 @@ from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore
 from relyscope.scorers.review import GroupReview, score_reviewed
 from relyscope.collector import quarantine
+from relyscope.collector.budget import InflightBudget
 from relyscope.store import Store, StoreRejected, StoreUnavailable
 
 __all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes", "default_spool_dir"]
@@ -138,6 +139,7 @@ class Pipeline:
                              max_attributes=settings.max_attributes,
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
+        self.inflight = InflightBudget(settings.max_inflight_bytes)  # shared by both receivers
         spool_dir = settings.spool_dir or default_spool_dir(store.dsn)
         self.spool_dir = spool_dir
         self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
@@ -310,7 +312,19 @@ class Pipeline:
         (retryable: spool full, or shutting down); an OSError from the spool (disk) propagates.
         Safe from any thread; never waits for the store.
         """
-        body = decompress(body, content_encoding, self.limits)
+        inflated = 0
+        raw, body = body, decompress(body, content_encoding, self.limits)
+        if body is not raw:
+            inflated = len(body)  # a second buffer beside the compressed one the receiver holds
+            if not self.inflight.try_acquire(inflated):
+                self.stats.backpressure += 1
+                raise Backpressure("in-flight byte budget exhausted")
+        try:
+            return self._accept(body, content_type)
+        finally:
+            self.inflight.release(inflated)
+
+    def _accept(self, body: bytes, content_type: str | None) -> Validation:
         result = validate_http(body, content_type, None, self.limits)
         self.stats.received += result.accepted + result.rejected
         self.stats.rejected.update(result.rejected_by_reason)  # bounded reason codes

@@ -9,7 +9,7 @@ into OTLP status codes (OTLP 1.x spec, "OTLP/gRPC Response" and "OTLP/HTTP Respo
 | undecodable request | INVALID_ARGUMENT | 400 + google.rpc.Status |
 | body over the limit | INVALID_ARGUMENT (permanent; beyond twice the limit grpc core's RESOURCE_EXHAUSTED) | 413 + google.rpc.Status |
 | unknown content type | — | 415 |
-| spool full (retryable) | RESOURCE_EXHAUSTED + RetryInfo | 503 + Retry-After |
+| spool full, or in-flight byte budget exhausted (retryable) | RESOURCE_EXHAUSTED + RetryInfo | 503 + Retry-After |
 | spool write failed / unexpected error (retryable) | UNAVAILABLE + RetryInfo | 503 + Retry-After |
 
 RetryInfo goes in both trailers the stock exporters read (:func:`_retry_trailers`).
@@ -108,6 +108,7 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
     from relyscope.pipeline import Backpressure
 
     limit = pipeline.settings.max_body_bytes
+    budget = pipeline.inflight
 
     def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
         md = dict(context.invocation_metadata())
@@ -117,6 +118,10 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"request of {len(raw)} bytes exceeds the limit of {limit} bytes (RELYSCOPE_MAX_BODY_BYTES); "
                           "send smaller batches")
+        if not budget.try_acquire(len(raw)):
+            pipeline.stats.backpressure += 1
+            _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             "relyscope in-flight byte budget exhausted; retry later", Backpressure.retry_after_s)
         try:
             result = pipeline.accept(raw, _PROTO, None)
             reply = encode_response(result, json=False)
@@ -131,6 +136,8 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
             log.exception("OTLP/gRPC export failed")
             _abort_retryable(context, grpc.StatusCode.UNAVAILABLE,
                              f"internal error: {type(e).__name__}; retry later", _RETRY_AFTER_S)
+        finally:
+            budget.release(len(raw))
         return reply
 
     handler = grpc.method_handlers_generic_handler(
@@ -139,6 +146,8 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
     # grpc core answers RESOURCE_EXHAUSTED (retryable for OTLP exporters) for a message over its
     # receive limit; up to twice our limit the handler answers the permanent INVALID_ARGUMENT
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-grpc"),
+                         # RPCs beyond what the in-flight budget can hold are refused by grpc core
+                         maximum_concurrent_rpcs=max(2 * max_workers, budget.max_bytes // limit),
                          options=[("grpc.max_receive_message_length", 2 * limit),
                                   ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
@@ -159,6 +168,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
 
     app = FastAPI(title="relyscope OTLP/HTTP receiver", docs_url=None, redoc_url=None, openapi_url=None)
     limit = pipeline.settings.max_body_bytes
+    budget = pipeline.inflight
 
     def status_reply(code_http: int, grpc_code: grpc.StatusCode, message: str, is_json: bool,
                      headers=None) -> Response:
@@ -192,25 +202,50 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
         if declared and declared.isdigit() and int(declared) > limit:
             return status_reply(413, too_large,
                                 f"request body of {declared} bytes exceeds the limit of {limit} bytes", is_json)
+        held = [0]  # bytes of this request reserved in the in-flight budget
+        try:
+            return await _receive(request, ctype, is_json, declared, held)
+        finally:
+            budget.release(held[0])
+
+    def over_budget(is_json: bool) -> Response:
+        pipeline.stats.backpressure += 1
+        return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope in-flight byte budget exhausted; retry "
+                            "later", is_json, {"Retry-After": str(Backpressure.retry_after_s)})
+
+    async def _receive(request: Request, ctype, is_json: bool, declared, held: list[int]) -> Response:
+        """Read the body within the limit and the in-flight budget (the declared length is reserved
+        before reading; a chunked body is reserved as it streams in), then accept it."""
+        if declared and declared.isdigit():
+            if not budget.try_acquire(int(declared)):
+                return over_budget(is_json)
+            held[0] = int(declared)
         chunks, size = [], 0
         try:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    return status_reply(413, too_large, f"request body exceeds the limit of {limit} bytes", is_json)
+                    return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        f"request body exceeds the limit of {limit} bytes", is_json)
+                if size > held[0]:
+                    if not budget.try_acquire(size - held[0]):
+                        return over_budget(is_json)
+                    held[0] = size
                 chunks.append(chunk)
         except ClientDisconnect:
             return status_reply(400, grpc.StatusCode.INVALID_ARGUMENT, "client disconnected before the body ended",
                                 is_json)
-        body = b"".join(chunks)
+        return await _accept(request, b"".join(chunks), ctype, is_json)
+
+    async def _accept(request: Request, body: bytes, ctype, is_json: bool) -> Response:
         try:
             result = await run_in_threadpool(pipeline.accept, body, ctype, request.headers.get("content-encoding"))
             reply = encode_response(result, json=is_json)
         except OTLPRequestError as e:
             http_status, code = _error_codes(e)
             return status_reply(http_status, code, e.message, is_json)
-        except Backpressure:
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope spool full; retry later", is_json,
+        except Backpressure as e:
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"relyscope {e}; retry later", is_json,
                                 {"Retry-After": str(Backpressure.retry_after_s)})
         except OSError as e:
             return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", is_json,

@@ -15,7 +15,8 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
 ``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
-``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``. No task, trial or trace id is ever a label.
+``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
+``relyscope_inflight_bytes``. No task, trial or trace id is ever a label.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class _ReliabilityCollector(Collector):
         yield warn
         yield CounterMetricFamily("relyscope_trials_finalized", "Trials finalized (incl. re-finalized)", value=s.trials_finalized)
         yield CounterMetricFamily("relyscope_store_write_errors", "Failed ClickHouse writes", value=s.store_errors)
-        yield CounterMetricFamily("relyscope_backpressure", "Requests refused because the spool was full", value=s.backpressure)
+        yield CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal (spool full, in-flight byte budget)", value=s.backpressure)
         yield GaugeMetricFamily("relyscope_spool_bytes", "Bytes in the durable spool", value=p.spool.bytes_used)
         yield GaugeMetricFamily("relyscope_spool_max_bytes", "Capacity of the durable spool", value=p.settings.spool_max_bytes)
         yield GaugeMetricFamily("relyscope_spool_pending_records", "Spool records not yet committed", value=p.spool.pending_records)
@@ -91,6 +92,8 @@ class _ReliabilityCollector(Collector):
                                   "late-span cache (by age or by RELYSCOPE_FINALIZED_CACHE_BYTES)", value=p.builder.evicted)
         yield GaugeMetricFamily("relyscope_finalized_cache_bytes", "Estimated memory of the finalized traces kept "
                                 "for late spans", value=p.builder.retained_bytes)
+        yield GaugeMetricFamily("relyscope_inflight_bytes", "Request bytes the OTLP receivers hold now "
+                                "(bounded by RELYSCOPE_MAX_INFLIGHT_BYTES)", value=p.inflight.used)
         q_records, q_bytes = p.quarantine_summary()
         yield GaugeMetricFamily("relyscope_quarantine_records", "Spool records the store refused as unstorable, "
                                 "kept for `relyscope quarantine replay`", value=q_records)
