@@ -173,6 +173,8 @@ def test_fault_at_p1_for_one_tool_is_exactly_what_the_agent_sees(tmp_path):
             assert t["outcome"] == "success"
         rep = next(g for g in sc.report()["groups"] if g["run_kind"] == "shadow")
         assert rep["metrics"]["R_fault"]["value"] == 0.0  # Acc_fault 0 / Acc_nominal 1
+        # 2 fault replays × 3 get_order calls, every one faulted (p = 1)
+        assert rep["fault_exposure"] == {"tool_calls": 6, "faulted": 6, "rate": 1.0}
         assert len(effects.read_text().splitlines()) == 1
     finally:
         if agent is not None:
@@ -303,6 +305,40 @@ def test_automatic_sampling_records_every_decision(tmp_path):
         # pause stops sampling; the state says so
         assert sc.post("/api/v1/shadow/pause").json() == {"paused": True}
         assert sc.get("/api/v1/shadow").json()["paused"] is True
+    finally:
+        if agent is not None:
+            agent.stop()
+        sc.kill()
+
+
+def test_no_side_effect_escapes_in_any_family_or_run_kind(tmp_path):
+    """nominal, prompt, fault and env replays, run as canary: the refund tool (which appends to the
+    effects file) never runs; every replay's refund is recorded with its arguments instead."""
+    port = free_port()
+    sc = start_sidecar(tmp_path, extra_env=_ports_env(
+        {"1.0": port}, RELYSCOPE_SHADOW_K="2", RELYSCOPE_SHADOW_J="2", RELYSCOPE_SHADOW_RUN_KIND="canary",
+        RELYSCOPE_SHADOW_P_FAULT="0.5"))
+    effects = tmp_path / "effects.log"
+    agent = None
+    try:
+        run_production(sc, effects, tasks=2, runs=1)
+        before = effects.read_text()
+        prod = sc.trials(run_kind="production")
+        agent = Agent(sc, effects, "1.0", port)
+        ids = replay_and_wait(sc, [t["trial_id"] for t in prod])
+        assert len(ids) == 2 * (2 + 2 + 2 + 2)
+        assert effects.read_text() == before
+        rows = [sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids]
+        assert {r["family"] for r in rows} == {"nominal", "prompt", "fault", "env"}
+        assert {r["run_kind"] for r in rows} == {"canary"}
+        for r in rows:
+            for c in r["calls"]:
+                if c["name"] == "issue_refund":
+                    assert c["side_effecting"] and not c["executed"] and c["arguments"]["order_id"].startswith("ORD-")
+        prompts = {r["input"] for r in rows if r["family"] == "prompt"}
+        assert prompts and all("ORD-10" in p for p in prompts)  # rewritten, ids kept
+        canary = sc.trials(run_kind="canary")
+        assert len(canary) == len(ids) and {t["perturbation_family"] for t in canary} == {"nominal", "prompt", "fault", "env"}
     finally:
         if agent is not None:
             agent.stop()
