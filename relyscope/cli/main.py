@@ -164,12 +164,21 @@ def _fetch_report(api: str, token: Optional[str]) -> Optional[dict]:
     except httpx.TransportError:
         return None
     if r.status_code == 401:
-        err.print(f"[red]the sidecar at {api} requires a bearer token:[/red] pass --token or set RELYSCOPE_AUTH_TOKEN")
-        raise typer.Exit(2)
+        _token_error(api, token)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
     return r.json()
+
+
+def _token_error(api: str, token: Optional[str]) -> None:
+    """Exit 2 with the reason of a 401: no token given, or the given one refused."""
+    if token:
+        err.print(f"[red]the sidecar at {api} refused the token[/red] given by --token / RELYSCOPE_AUTH_TOKEN "
+                  "(it is not the sidecar's RELYSCOPE_AUTH_TOKEN)")
+    else:
+        err.print(f"[red]the sidecar at {api} requires a bearer token:[/red] pass --token or set RELYSCOPE_AUTH_TOKEN")
+    raise typer.Exit(2)
 
 
 def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None) -> dict:
@@ -212,9 +221,13 @@ def report(
     """Print the reliability profile per agent / version / run kind."""
     rep = _fetch_report(api, token)
     if rep is None:
+        from relyscope.store import chdb_path
+
         dsn = _settings(store=store).store  # validated like serve's (a bad DSN names the field)
-        if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
-            path = Path(dsn[len("chdb://"):])
+        local = chdb_path(dsn)  # chdb:///./x is ./x, read from the current directory as serve does
+        if local is not None:
+            path = Path(local)
+            dsn = "chdb://" + local
             if not path.exists():
                 err.print(f"[red]no sidecar answers at {api} and there is no store at {path}[/red] "
                           "(start `relyscope serve`, or pass --api URL / --store DSN)")
@@ -250,6 +263,8 @@ def history(
     except httpx.TransportError:
         err.print(f"[red]no sidecar answers at {api}[/red] (start `relyscope serve` or pass --api URL)")
         raise typer.Exit(1) from None
+    if r.status_code == 401:
+        _token_error(api, token)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)

@@ -34,7 +34,7 @@ import clickhouse_connect
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
-__all__ = ["Store", "StoreUnavailable", "open_store", "resolve_dsn"]
+__all__ = ["Store", "StoreUnavailable", "open_store", "resolve_dsn", "chdb_path"]
 
 
 class StoreUnavailable(Exception):
@@ -45,13 +45,22 @@ _SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Pro
 _STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
 
 
-def resolve_dsn(dsn: str) -> str:
-    """Make a ``chdb://`` path absolute (``chdb:///./x`` and ``chdb://./x`` → ``chdb:///abs/x``)."""
+def chdb_path(dsn: str) -> str | None:
+    """The absolute data directory of an embedded ``chdb://`` DSN, relative paths read from the
+    current directory (``chdb:///./x`` and ``chdb://./x`` → ``$PWD/x``); None for other DSNs.
+    Creates nothing."""
     if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
         path = dsn[len("chdb://"):]
         if path.startswith("/./") or path.startswith("/../"):
             path = path[1:]
-        path = os.path.abspath(os.path.expanduser(path))
+        return os.path.abspath(os.path.expanduser(path))
+    return None
+
+
+def resolve_dsn(dsn: str) -> str:
+    """Make a ``chdb://`` path absolute (see :func:`chdb_path`) and create its directory."""
+    path = chdb_path(dsn)
+    if path is not None:
         os.makedirs(path, exist_ok=True)
         return "chdb://" + path
     return dsn
@@ -122,7 +131,7 @@ SCHEMA = [
         actions Array(String), steps String, flags Array(String),
         shadow_of Nullable(String), perturbation_family Nullable(String),
         perturbation_strength Nullable(String), revision UInt32, span_count UInt32,
-        evaluations String DEFAULT '[]', version_ns UInt64
+        evaluations String DEFAULT '[]', version_ns UInt64, task_label Nullable(String)
     ) ENGINE = ReplacingMergeTree(version_ns)
     ORDER BY (agent, version, run_kind, trial_id)""",
     """CREATE TABLE IF NOT EXISTS {db}.outcomes (
@@ -155,6 +164,7 @@ def _migrate(client, db: str) -> None:
     ``scores.inputs`` (a digest of the trials and outcomes a score was computed from) joined the
     sorting key so that a re-scoring of the same window with different inputs (a late verdict)
     adds a history point instead of replacing the earlier one."""
+    client.command(f"ALTER TABLE {db}.trials ADD COLUMN IF NOT EXISTS task_label Nullable(String)")
     have = client.query("SELECT name FROM system.columns WHERE database = %(db)s AND table = 'scores'",
                         parameters={"db": db}).result_rows
     if have and "inputs" not in {r[0] for r in have}:
@@ -174,7 +184,7 @@ _TRIAL_COLS = [
     "confidence", "conversation_id", "start_time", "end_time", "wall_time_s", "input_tokens",
     "output_tokens", "total_tokens", "cost_usd", "model_calls", "tool_calls", "tool_errors",
     "actions", "steps", "flags", "shadow_of", "perturbation_family", "perturbation_strength",
-    "revision", "span_count", "evaluations", "version_ns",
+    "revision", "span_count", "evaluations", "version_ns", "task_label",
 ]
 _STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
 
@@ -320,6 +330,7 @@ class Store:
                 sorted(t.flags), t.shadow_of, t.perturbation_family, t.perturbation_strength,
                 t.revision, t.span_count,
                 json.dumps([dataclasses.asdict(e) for e in t.evaluations], ensure_ascii=True), now + i,
+                t.task_label,
             ])
         self._insert("trials", rows, _TRIAL_COLS)
 
@@ -560,6 +571,7 @@ class Store:
                 perturbation_strength=d["perturbation_strength"], revision=d["revision"],
                 span_count=d["span_count"],
                 evaluations=tuple(Evaluation(**e) for e in json.loads(d["evaluations"] or "[]")),
+                task_label=d["task_label"],
             )
             out.append(t)
         return out

@@ -62,7 +62,7 @@ from typing import Iterable, Mapping
 
 from relyscope.model import CanonicalSpan, Op, SpanSemantics, Step, Trial
 
-__all__ = ["TrajectoryBuilder", "assemble", "task_fingerprint", "sessions", "SUPERSEDED"]
+__all__ = ["TrajectoryBuilder", "assemble", "task_fingerprint", "task_label", "sessions", "SUPERSEDED"]
 
 #: ``Trial.status`` of a tombstone row replacing a trial that no longer exists after re-assembly.
 SUPERSEDED = "superseded"
@@ -71,6 +71,13 @@ _AGENTISH = (Op.AGENT, Op.WORKFLOW)
 _WS = re.compile(r"\s+")
 
 Spans = Mapping[str, tuple[CanonicalSpan, SpanSemantics]]
+
+
+def task_label(text: str, max_chars: int = 60) -> str:
+    """A readable excerpt of the input a fingerprinted task id is the hash of (for reports):
+    whitespace-collapsed, at most ``max_chars`` characters, ``…`` marking a cut."""
+    norm = _WS.sub(" ", text).strip()
+    return norm if len(norm) <= max_chars else norm[: max_chars - 1].rstrip() + "…"
 
 
 def task_fingerprint(text: str) -> str:
@@ -413,6 +420,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         perturbation_strength=rsem.perturbation_strength, revision=revision,
         span_count=len(members) + (1 if root else 0),
         evaluations=tuple(evaluations) + (tuple(rsem.evaluations) if root else ()),
+        task_label=task_label(first_input) if task_src == "fingerprint" else None,
     )
 
 
