@@ -375,6 +375,25 @@ def demo(
     finally:
         sc.stop()
     err.print(f"demo finished in {time.monotonic() - t0:.1f} s")
+    print(demo_next_steps(data_dir), file=sys.stderr)  # plain: never wrapped or styled
+
+
+def demo_next_steps(data_dir: Path) -> str:
+    """What to do after the demo: keep a sidecar running, point an agent at it, where to look."""
+    rs = "relyscope" if shutil.which("relyscope") else ".venv/bin/relyscope"
+    store = f"chdb://{data_dir.resolve()}/data"
+    return "\n".join([
+        "",
+        "next steps:",
+        f"  keep a sidecar running:   {rs} serve            (OTLP :4317 gRPC / :4318 HTTP, API :9464;",
+        "                            embedded store ./.relyscope/data; Ctrl-C stops it, data is kept)",
+        f"  browse the demo's data:   {rs} serve --store {store}",
+        "  point your agent at it:   OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 "
+        "(README: \"Point an already-instrumented agent at it\")",
+        "  give runs a task and an outcome: README \"First ten minutes with your framework\"",
+        f"  look:                     {rs} report   ·   http://localhost:9464/docs   ·   "
+        "http://localhost:9464/metrics",
+    ])
 
 
 def main() -> None:  # console-script entry point
