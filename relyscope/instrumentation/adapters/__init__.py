@@ -2,7 +2,9 @@
 
 One module per framework, each importing its framework (so import only the one you use):
 
-- :mod:`relyscope.instrumentation.adapters.pydantic_ai` — a pydantic-ai capability.
+- :mod:`relyscope.instrumentation.adapters.pydantic_ai` — a pydantic-ai capability;
+- :mod:`relyscope.instrumentation.adapters.openai_agents` — an OpenAI Agents SDK trace processor
+  (with OpenInference's OTel bridge).
 
 Any other framework: put ``relyscope.task.id`` in OTel baggage
 (:func:`relyscope.instrumentation.task_baggage` with :class:`~relyscope.instrumentation.BaggageSpanProcessor`),
