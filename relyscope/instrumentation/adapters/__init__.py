@@ -4,7 +4,9 @@ One module per framework, each importing its framework (so import only the one y
 
 - :mod:`relyscope.instrumentation.adapters.pydantic_ai` — a pydantic-ai capability;
 - :mod:`relyscope.instrumentation.adapters.openai_agents` — an OpenAI Agents SDK trace processor
-  (with OpenInference's OTel bridge).
+  (with OpenInference's OTel bridge);
+- :mod:`relyscope.instrumentation.adapters.langchain` — a LangChain / LangGraph callback handler
+  (with OpenInference's LangChain instrumentation).
 
 Any other framework: put ``relyscope.task.id`` in OTel baggage
 (:func:`relyscope.instrumentation.task_baggage` with :class:`~relyscope.instrumentation.BaggageSpanProcessor`),
