@@ -25,7 +25,7 @@ def test_make_demo_installs_the_sidecar_extra_only():
 
 
 def test_demo_ends_with_the_next_steps(tmp_path):
-    r = subprocess.run([str(RELYSCOPE_BIN), "demo", "--tasks", "2", "--trials", "2"], cwd=tmp_path,
+    r = subprocess.run([str(RELYSCOPE_BIN), "demo", "--tasks", "2", "--trials", "2", "--no-shadow"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     tail = r.stderr[r.stderr.index("next steps:"):]

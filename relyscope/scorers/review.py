@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -21,6 +22,7 @@ from relyscope.model import Trial
 from relyscope.scorers.attribution import FailureCategory
 from relyscope.scorers.graders import Grade, control_rates, grade_trial
 from relyscope.scorers.policy import Policy
+from relyscope.scorers.replay_outcome import is_sandbox_miss
 
 __all__ = ["GroupReview", "review_group", "score_all", "calibration_bins", "policy_for", "score_reviewed",
            "group_notes", "pass_hat_k_notes"]
@@ -56,7 +58,10 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
     """Grade every trial of one group and build the report sections (see module docstring)."""
     grades = {t.trial_id: grade_trial(t, policy) for t in trials}
     severities = {tid: g.severity for tid, g in grades.items()}
-    invalid = frozenset(tid for tid, g in grades.items() if not g.valid)
+    # a replay the sandbox could not answer (ENVIRONMENT) measures the sandbox, not the agent:
+    # kept out of agent metrics like infrastructure-invalid trials, and counted
+    misses = frozenset(t.trial_id for t in trials if is_sandbox_miss(t))
+    invalid = frozenset(tid for tid, g in grades.items() if not g.valid) | misses
 
     viol = collections.defaultdict(lambda: {"attempted": 0, "committed": 0, "trials": set()})
     for tid, g in grades.items():
@@ -105,7 +110,8 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         ys = [t.success for t in ts if t.success is not None and t.trial_id not in invalid]
         c_out = (2 * sum(ys) / len(ys) - 1) ** 2 if len(ys) >= 2 else None
         nviol = sum(len(grades[t.trial_id].violations) for t in ts)
-        label = next((t.task_label for t in ts if t.task_label), None)
+        label = next((input_excerpt(t.task_input) for t in ts
+                      if t.task_id_source == "fingerprint" and t.task_input), None)
         worst.append({"task_id": task, "label": label, "trials": len(ts), "known": len(ys),
                       "successes": sum(ys) if ys else 0,
                       "success_rate": _nan_none(sum(ys) / len(ys)) if ys else None,
@@ -128,6 +134,7 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         "hard_gate_failures": sum(1 for g in grades.values() if g.hard_gate),
         "claim_outcome_mismatches": sum(1 for g in grades.values() if g.claim_outcome_mismatch),
         "attribution": attribution,
+        "sandbox_miss_trials": len(misses),
         "control": control,
         "worst_tasks": worst,
         "outcomes": {k: outcomes.get(k, 0) for k in ("success", "failure", "unknown")},
@@ -135,6 +142,16 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         "notes": group_notes(trials, outcomes),
     }
     return GroupReview(grades=grades, severities=severities, invalid=invalid, extras=extras)
+
+
+_WS = re.compile(r"\s+")
+
+
+def input_excerpt(text: str, max_chars: int = 60) -> str:
+    """A readable excerpt of the input a fingerprinted task id is the hash of (for reports):
+    whitespace-collapsed, at most ``max_chars`` characters, ``…`` marking a cut."""
+    norm = _WS.sub(" ", text).strip()
+    return norm if len(norm) <= max_chars else norm[: max_chars - 1].rstrip() + "…"
 
 
 HOW_TO_GIVE_OUTCOMES = ("set relyscope.outcome on the run's root span (record_outcome(True) inside "

@@ -62,7 +62,7 @@ from typing import Iterable, Mapping
 
 from relyscope.model import CanonicalSpan, Op, SpanSemantics, Step, Trial
 
-__all__ = ["TrajectoryBuilder", "assemble", "task_fingerprint", "task_label", "sessions", "SUPERSEDED"]
+__all__ = ["TrajectoryBuilder", "assemble", "task_fingerprint", "sessions", "SUPERSEDED"]
 
 #: ``Trial.status`` of a tombstone row replacing a trial that no longer exists after re-assembly.
 SUPERSEDED = "superseded"
@@ -71,13 +71,6 @@ _AGENTISH = (Op.AGENT, Op.WORKFLOW)
 _WS = re.compile(r"\s+")
 
 Spans = Mapping[str, tuple[CanonicalSpan, SpanSemantics]]
-
-
-def task_label(text: str, max_chars: int = 60) -> str:
-    """A readable excerpt of the input a fingerprinted task id is the hash of (for reports):
-    whitespace-collapsed, at most ``max_chars`` characters, ``…`` marking a cut."""
-    norm = _WS.sub(" ", text).strip()
-    return norm if len(norm) <= max_chars else norm[: max_chars - 1].rstrip() + "…"
 
 
 def task_fingerprint(text: str) -> str:
@@ -274,9 +267,8 @@ def assemble(
 def _enclosing_sems(root: str, members: list[str], spans: Spans, depth: dict[str, int]) -> list[SpanSemantics]:
     """Semantics of the spans around a trial's root, nearest first: its ancestors among the
     trace's spans up to the first agent or workflow span (an application's own span wrapping a
-    framework's agent span), or, under a
-    virtual root, the trial's top-level spans in start order. Their ``relyscope.task.id``,
-    outcome and confidence count when the root has none."""
+    framework's agent span), or, under a virtual root, the trial's top-level spans in start
+    order. Their ``relyscope.task.id``, outcome and confidence count when the root has none."""
     if not root:
         return [spans[s][1] for s in sorted((m for m in members if depth.get(m) == 1),
                                             key=lambda m: _order_key(spans, m))]
@@ -290,7 +282,7 @@ def _enclosing_sems(root: str, members: list[str], spans: Spans, depth: dict[str
     return out
 
 
-def pick_first(rsem: SpanSemantics, above: list[SpanSemantics], attr: str):
+def _pick_first(rsem: SpanSemantics, above: list[SpanSemantics], attr: str):
     """``attr`` of the root's semantics, else of the nearest enclosing span that has it."""
     for sem in (rsem, *above):
         v = getattr(sem, attr)
@@ -426,7 +418,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
                 return getattr(sem, attr)
         return None
 
-    task_attr = pick_first(rsem, above, "task_id")
+    task_attr = _pick_first(rsem, above, "task_id")
     if task_attr:
         task_id, task_src = str(task_attr), "attribute"
     elif first_input:
@@ -454,7 +446,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         perturbation_strength=rsem.perturbation_strength, revision=revision,
         span_count=len(members) + (1 if root else 0),
         evaluations=tuple(evaluations) + (tuple(rsem.evaluations) if root else ()),
-        task_label=task_label(first_input) if task_src == "fingerprint" else None,
+        task_input=first_input or None,
     )
 
 
