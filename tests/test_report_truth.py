@@ -18,12 +18,12 @@ from relyscope.scorers.review import review_group, score_reviewed
 from relyscope.testing import RELYSCOPE_BIN, start_sidecar
 
 
-def _trial(i: int, task: str, outcome: str, *, source: str = "attribute", label: str | None = None) -> Trial:
+def _trial(i: int, task: str, outcome: str, *, source: str = "attribute", text: str | None = None) -> Trial:
     return Trial(
         trial_id=f"t{i}", trace_id=f"{i:032x}", root_span_id="0" * 16, task_id=task, task_id_source=source,
         agent_name="a", agent_version="1", run_kind="production", outcome=outcome, outcome_source=None,
         outcome_score=None, claimed_success=None, confidence=None, conversation_id=None, start_ns=0,
-        end_ns=1_000_000_000, task_label=label,
+        end_ns=1_000_000_000, task_input=text,
         steps=(Step(span_id=f"{i:016x}", parent_span_id="", action="llm", op=Op.LLM, name="llm",
                     start_ns=0, end_ns=1),))
 
@@ -37,6 +37,15 @@ def test_worst_tasks_include_a_task_that_always_fails():
     assert [w["task_id"] for w in worst] == ["A", "B"]
     assert worst[0]["success_rate"] == 0.0 and worst[0]["C_out"] == 1.0
     assert worst[1]["success_rate"] == pytest.approx(1 / 3) and worst[1]["C_out"] == pytest.approx(1 / 9)
+
+
+def test_a_fingerprinted_worst_task_shows_an_excerpt_of_its_input():
+    text = "  Refund   order 1234:\n the parcel arrived damaged and the box was open on arrival, twice "
+    worst = review_group([_trial(0, "ab" * 32, "failure", source="fingerprint", text=text),
+                          _trial(1, "named", "failure", text="ignored: the id is readable")]).extras["worst_tasks"]
+    labels = {w["task_id"]: w["label"] for w in worst}
+    # whitespace collapsed, cut to 59 characters + "…"
+    assert labels == {"ab" * 32: "Refund order 1234: the parcel arrived damaged and the box w…", "named": None}
 
 
 def test_unknown_outcomes_are_counted_and_a_group_without_outcomes_says_how_to_give_them():
