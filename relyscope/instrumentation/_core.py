@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -154,7 +155,19 @@ def _tracer(explicit: TracerProvider | None) -> trace.Tracer:
             provider = runs[-1].provider
     if provider is None:
         provider = _default_provider
-    return trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+    if provider is None:
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, trace.ProxyTracerProvider):  # no global provider yet: resolve per call
+            return provider.get_tracer(TRACER_NAME)
+    # SDK providers build a new Tracer (and instrumentation scope) per get_tracer call: one per
+    # provider is enough, and it is most of a wrapper's cost (bench/bench_instrumentation.py)
+    tracer = _TRACERS.get(provider)
+    if tracer is None:
+        tracer = _TRACERS[provider] = trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+    return tracer
+
+
+_TRACERS: "weakref.WeakKeyDictionary[TracerProvider, trace.Tracer]" = weakref.WeakKeyDictionary()
 
 
 def _resolved_provider(explicit: TracerProvider | None) -> TracerProvider | None:
