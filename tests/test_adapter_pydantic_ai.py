@@ -92,3 +92,24 @@ def test_pass_hat_k_of_five_runs_of_two_tasks(scored):
     # written out: pass^1 = (4/5 + 2/5)/2 = 0.6, pass^2 = (6/10 + 1/10)/2 = 0.35, pass^3 = (4/10 + 0)/2 = 0.2
     assert (m["pass^1"]["value"], m["pass^2"]["value"], m["pass^3"]["value"]) == pytest.approx((0.6, 0.35, 0.2))
     assert g["tasks"] == 2 and g["trials"] == 10
+
+
+def test_a_failing_verifier_or_a_bad_confidence_never_costs_the_run_its_result():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from pydantic_ai.models.test import TestModel
+
+    exp = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    agent = Agent(TestModel(custom_output_text="fine"), name="p",
+                  capabilities=[Instrumentation(settings=InstrumentationSettings(tracer_provider=tp))])
+
+    def broken(result):
+        raise RuntimeError("verifier bug")
+
+    out = agent.run_sync("hi", capabilities=[RelyscopeCapability(task_id="t", outcome=broken,
+                                                                 confidence=lambda r: 1.5)])
+    assert out.output == "fine"
+    [root] = [s for s in exp.get_finished_spans() if s.name == "invoke_agent p"]
+    assert root.attributes["relyscope.task.id"] == "t"
+    assert "relyscope.outcome" not in root.attributes and "relyscope.confidence" not in root.attributes

@@ -163,3 +163,12 @@ def test_post_outcome_errors_name_the_reason(sc):
     assert e.value.status is None
     with pytest.raises(ValueError):
         post_outcome(True, api=sc.api)
+
+
+def test_current_trace_id_inside_and_outside_a_span():
+    from relyscope.instrumentation import current_trace_id
+
+    tp = TracerProvider()
+    assert current_trace_id() is None
+    with tp.get_tracer("t").start_as_current_span("x") as s:
+        assert current_trace_id() == format(s.get_span_context().trace_id, "032x")
