@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     rewriter_model: str = Field("gpt-4o-mini")
     rewriter_api_key: SecretStr | None = None
     rewriter_max_per_cycle: int = Field(20, ge=1, description="LLM rewriter calls per sampling cycle (bounds cost)")
+    rewriter_price_per_1k_input_tokens: float | None = Field(None, ge=0, description="USD per 1000 prompt tokens "
+                                                             "(with the output price: rewriter cost is counted; else unknown)")
+    rewriter_price_per_1k_output_tokens: float | None = Field(None, ge=0, description="USD per 1000 completion tokens")
     gate_policy_file: str | None = Field(None, description="release-gate thresholds YAML (default: the shipped conservative policy)")
 
     fault_store_down_file: str | None = Field(

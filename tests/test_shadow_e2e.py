@@ -273,3 +273,37 @@ def test_replay_api_refuses_mistakes(nominal_env):
     r = sc.post("/shadow/v1/replays/doesnotexist/tool-calls", json={"name": "get_order"})
     assert r.status_code == 404 and r.json()["outcome"] == "sandbox_miss"
     assert sc.post("/shadow/v1/replays/x/tool-calls", content=b"not json").status_code == 400
+
+
+def test_automatic_sampling_records_every_decision(tmp_path):
+    """rate 1, cap 1 per hour, no quiet period: of two finished production trials one is sampled
+    and replayed without anyone asking, the other is over the cap; both decisions are queryable
+    and counted."""
+    port = free_port()
+    sc = start_sidecar(tmp_path, extra_env=_ports_env(
+        {"1.0": port}, RELYSCOPE_SHADOW_RATE="1", RELYSCOPE_SHADOW_CAP_PER_HOUR="1", RELYSCOPE_SHADOW_QUIET_S="0",
+        RELYSCOPE_SHADOW_K="1", RELYSCOPE_SHADOW_FAMILIES='["nominal"]'))
+    effects = tmp_path / "effects.log"
+    agent = None
+    try:
+        agent = Agent(sc, effects, "1.0", port)
+        run_production(sc, effects, tasks=2, runs=1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sc.flush()
+            if sc.trials(run_kind="shadow"):
+                break
+            time.sleep(0.5)
+        samples = sc.get("/api/v1/shadow/samples").json()["samples"]
+        assert sorted(s["decision"] for s in samples) == ["over_cap", "sampled"]
+        assert len(sc.trials(run_kind="shadow")) == 1
+        m = sc.get("/metrics").text
+        assert 'relyscope_shadow_decisions_total{decision="sampled"} 1.0' in m
+        assert 'relyscope_shadow_decisions_total{decision="over_cap"} 1.0' in m
+        # pause stops sampling; the state says so
+        assert sc.post("/api/v1/shadow/pause").json() == {"paused": True}
+        assert sc.get("/api/v1/shadow").json()["paused"] is True
+    finally:
+        if agent is not None:
+            agent.stop()
+        sc.kill()

@@ -117,3 +117,27 @@ def test_harness_agreement_and_shadow_scores(gated):
     assert rep[("1.0", "shadow")]["metrics"]["success_rate"]["value"] == 1.0
     assert rep[("2.0", "shadow")]["metrics"]["success_rate"]["value"] == 0.0
     assert rep[("1.1", "shadow")]["trials"] == 72
+
+
+def test_shadow_dashboard_queries_name_metrics_of_a_live_scrape(gated):
+    """Every metric the shadow dashboard and alert rules query is in this sidecar's scrape, after
+    replays ran and gates were evaluated (the gate tests above)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sc, _, _ = gated
+    sc.get("/api/v1/gate", params={"baseline": "1.0", "candidate": "2.0"})
+    names = set()
+    for fam in text_string_to_metric_families(sc.get("/metrics").text):
+        names |= {s.name for s in fam.samples}
+    root = Path(__file__).resolve().parents[1]
+    d = json.loads((root / "grafana" / "dashboards" / "relyscope-shadow.json").read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((root / "deploy" / "alerts" / "relyscope-shadow-rules.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    for e in exprs:
+        for name in re.findall(r"\b(relyscope_[a-z_]+)", e):
+            assert name in names, (name, sorted(n for n in names if "shadow" in n or "gate" in n))

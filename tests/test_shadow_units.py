@@ -202,3 +202,15 @@ def test_harness_check_expects_the_agents_own_inconsistency():
     hc = harness_check(reps, prods, rates)
     # r1 agrees, r2 not, r3 agrees; expected = 0.6 + 0.6 + 1
     assert (hc.replays, hc.agreeing) == (3, 2) and abs(hc.expected - 2.2) < 1e-12
+
+
+def test_harness_noise_is_not_drift_but_a_broken_sandbox_is():
+    from relyscope.scorers.gate import HarnessStats
+
+    # 64 replays, agreement probability 0.9 each: expected 57.6, variance 64·0.09 = 5.76 (sd 2.4)
+    noisy = HarnessStats(replays=64, agreeing=50, expected=57.6, variance=5.76)
+    assert abs(noisy.relative_agreement - 50 / 57.6) < 1e-12          # 0.868: below 0.9 by itself
+    assert abs(noisy.relative_agreement_upper - (50 + 1.645 * 2.4) / 57.6) < 1e-12  # 0.937: noise
+    broken = HarnessStats(replays=64, agreeing=40, expected=57.6, variance=5.76)
+    assert broken.relative_agreement_upper < 0.9                        # 0.763: drift
+    assert HarnessStats(replays=10, agreeing=9).relative_agreement_upper == 0.9  # deterministic: exact

@@ -345,6 +345,7 @@ def _print_report(rep: dict, fmt) -> None:
 
 
 DEMO_VERSIONS = {"1.0.0": 0.0, "1.0.1": 0.0, "1.1.0": -0.35}
+DEMO_K = 3  # replays per family and sampled run in the demo (the product default is K = J = 5)
 """Demo replay targets: the incumbent, an equal candidate (same code) and a worse one (P(final
 action right) 0.35 lower)."""
 
@@ -375,11 +376,11 @@ def demo(
         target_port = sock.getsockname()[1]
     s = _settings(store=f"chdb://{data_dir.resolve()}/data", spool_dir=str(data_dir.resolve() / "spool"),
                   otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", api="127.0.0.1:0",
-                  grace_period_s=0.5, score_interval_s=1.0,
+                  grace_period_s=0.5, score_interval_s=5.0,
                   policy_file=str(Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"),
                   shadow_targets={v: f"http://127.0.0.1:{target_port}/v/{v}/replay" for v in DEMO_VERSIONS}
                   if shadow else {},
-                  shadow_rate=0.0, shadow_k=5, shadow_j=5, shadow_concurrency=4, shadow_interval_s=0.5,
+                  shadow_rate=0.0, shadow_k=DEMO_K, shadow_j=DEMO_K, shadow_concurrency=4, shadow_interval_s=0.5,
                   shadow_fault_timeout_s=0.2, shadow_fault_retry_after_s=0.1)
     t0 = time.monotonic()
     sc = Sidecar(s).start()
@@ -439,7 +440,7 @@ def demo_next_steps(data_dir: Path) -> str:
         "  point your agent at it:   OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 "
         "(README: \"Point an already-instrumented agent at it\")",
         "  give runs a task and an outcome: README \"First ten minutes with your framework\"",
-        f"  replay and gate versions: {rs} shadow --help   ·   {rs} gate --help",
+        f"  replay and gate versions: README \"Shadow replays and release gates\" ({rs} shadow, {rs} gate)",
         f"  look:                     {rs} report   ·   http://localhost:9464/docs   ·   "
         "http://localhost:9464/metrics",
     ])
@@ -460,19 +461,21 @@ def _wait_http(url: str, timeout_s: float) -> None:
 
 
 def _demo_shadow(sc, seed: int) -> list[dict]:
-    """Replay the first run of every task against each demo version, wait, gate 1.0.0 → 1.0.1 and
+    """Replay one run of every task against each demo version, wait, gate 1.0.0 → 1.0.1 and
     1.0.0 → 1.1.0. Returns the two gate results (JSON)."""
     from relyscope.shadow.gating import run_gate
     from relyscope.store.shadow import FINISHED
 
     pipe = sc.pipeline
+    # one run per task, a verified success where the task has one: its replays can all be graded
+    # by side-effect equivalence (a replay of a failure that does differently stays unknown)
     first: dict[str, object] = {}
-    for t in sorted(pipe.load_trials(run_kind="production"), key=lambda t: t.start_ns):
+    for t in sorted(pipe.load_trials(run_kind="production"), key=lambda t: (t.outcome != "success", t.start_ns)):
         first.setdefault(t.task_id, t)
     plan = sc.shadow.plan_now(trial_ids=[t.trial_id for t in first.values()])
     ids = plan["replay_ids"]
     err.print(f"shadow: {len(ids)} replays of {len(plan['trials'])} production runs "
-              f"(nominal × 5, prompt × 5, fault × 5, env × 5, for each of {len(DEMO_VERSIONS)} versions)")
+              f"(nominal, prompt, fault, env × {DEMO_K} each, for each of {len(DEMO_VERSIONS)} versions)")
     with _progress() as prog:
         task = prog.add_task("replaying", total=len(ids))
         deadline = time.monotonic() + 600

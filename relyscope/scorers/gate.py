@@ -254,6 +254,7 @@ class HarnessStats:
     replays: int
     agreeing: int
     expected: float | None = None
+    variance: float = 0.0  # Σ q(1 − q) of the per-replay agreement probabilities q (sampling noise)
 
     def __post_init__(self) -> None:
         if self.replays < 0 or not 0 <= self.agreeing <= self.replays:
@@ -265,6 +266,18 @@ class HarnessStats:
     def agreement(self) -> float:
         """``agreeing / replays``; NaN when ``replays == 0`` (not measured)."""
         return self.agreeing / self.replays if self.replays else math.nan
+
+    @property
+    def relative_agreement_upper(self) -> float:
+        """One-sided 95 % upper bound of the relative agreement under the faithful-sandbox model:
+        ``(agreeing + 1.645·√variance) / expected`` (normal approximation to the sum of the
+        replays' Bernoulli agreements). The gate calls the experiment invalid only when even this
+        bound is below ``min_harness_agreement`` — a few unlucky replays of an inconsistent agent
+        are not harness drift."""
+        if not self.replays:
+            return math.nan
+        exp = self.replays if self.expected is None else self.expected
+        return (self.agreeing + 1.645 * math.sqrt(max(self.variance, 0.0))) / exp if exp > 0 else math.nan
 
     @property
     def relative_agreement(self) -> float:
@@ -750,12 +763,13 @@ def evaluate_gate(
             f"answer, above max_sandbox_miss_rate = {pol.max_sandbox_miss_rate:.1%}; the replays do not reproduce production",
             value=sandbox.miss_rate, bound=pol.max_sandbox_miss_rate,
         ))  # fmt: skip
-    if harness is not None and harness.replays > 0 and harness.relative_agreement < pol.min_harness_agreement:
+    if harness is not None and harness.replays > 0 and harness.relative_agreement_upper < pol.min_harness_agreement:
         exp = "" if harness.expected is None else f" (a faithful sandbox would give ≈{harness.expected:.1f}, the agent's own consistency)"
         reasons.append(GateReason(
             "experiment", "harness_agreement", "error",
             f"harness_agreement: {harness.agreeing} of {harness.replays} ({harness.agreement:.1%}) of the incumbent's nominal "
-            f"replays reproduced its production outcome{exp}; relative agreement {harness.relative_agreement:.1%} is below "
+            f"replays reproduced its production outcome{exp}; relative agreement {harness.relative_agreement:.1%} "
+            f"(95% upper bound {harness.relative_agreement_upper:.1%}) is below "
             f"min_harness_agreement = {pol.min_harness_agreement:.1%} (harness drift: the sandbox, not the agent)",
             value=harness.relative_agreement, bound=pol.min_harness_agreement,
         ))  # fmt: skip

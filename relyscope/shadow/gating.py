@@ -101,8 +101,8 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
             [t for t in load(agent=a, run_kind="production", task_ids=tasks) if t.agent_version in incumbent]
         ) if tasks else {}
         hc = harness_check(replays, prods, rates)
-        harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing,
-                               expected=min(hc.expected, hc.replays)) if hc.replays else None
+        harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing, expected=min(hc.expected, hc.replays),
+                               variance=hc.variance) if hc.replays else None
     return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness)
 
 

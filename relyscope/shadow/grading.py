@@ -48,6 +48,7 @@ class HarnessCheck:
     replays: int
     agreeing: int
     expected: float
+    variance: float = 0.0
 
     @property
     def agreement(self) -> float:
@@ -63,9 +64,10 @@ def harness_check(replays: Sequence[Trial], productions: Mapping[str, Trial],
     replayed run alone — a deterministic agent). Graded by side-effect equivalence, the replay of
     a verified success agrees with probability p_t; the replay of a verified failure has a known
     outcome only when it repeated the failure, so a known one always agrees (1). ``expected`` sums
-    these; the gate compares ``agreeing / expected`` with ``min_harness_agreement``."""
+    these probabilities q, ``variance`` sums q(1 − q); the gate compares the upper bound of
+    ``agreeing / expected`` with ``min_harness_agreement``."""
     n = agree = 0
-    expected = 0.0
+    expected = variance = 0.0
     rates = success_rate or {}
     for t in replays:
         prod = productions.get(t.shadow_of or "")
@@ -75,11 +77,10 @@ def harness_check(replays: Sequence[Trial], productions: Mapping[str, Trial],
         if t.outcome in ("success", "failure") and prod.outcome in ("success", "failure"):
             n += 1
             agree += t.outcome == prod.outcome
-            if prod.outcome == "success":
-                expected += float(rates.get(t.task_id, 1.0))
-            else:
-                expected += 1.0
-    return HarnessCheck(n, agree, expected)
+            q = float(rates.get(t.task_id, 1.0)) if prod.outcome == "success" else 1.0
+            expected += q
+            variance += q * (1.0 - q)
+    return HarnessCheck(n, agree, expected, variance)
 
 
 def production_success_rates(trials: Sequence[Trial]) -> dict[str, float]:

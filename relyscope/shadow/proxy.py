@@ -214,7 +214,8 @@ class SandboxSession:
                        "message": fault.message, "body": fault.body, "injected": True}
                 if fault.body is not None:  # partial / malformed / empty: a 200 with a broken body
                     return ProxyAnswer({**base, "outcome": "fault", "fault": env}, status=200)
-                headers = {"retry-after": f"{fault.retry_after_s:g}"} if fault.retry_after_s else {}
+                # HTTP Retry-After takes whole seconds (RFC 9110 §10.2.3): rounded up
+                headers = {"retry-after": fault.retry_after_header} if fault.retry_after_header else {}
                 status = fault.status or (504 if fault.type == "timeout" else 502)
                 return ProxyAnswer({**base, "outcome": "fault", "fault": env}, status=status,
                                    headers=headers, delay_s=float(fault.delay_s or 0.0))

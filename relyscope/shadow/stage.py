@@ -234,7 +234,9 @@ class ShadowStage:
         if not s.rewriter_url:
             return RuleRewriter()
         key = s.rewriter_api_key.get_secret_value() if s.rewriter_api_key else None
-        return LLMRewriter(s.rewriter_url, s.rewriter_model, key, max_calls_per_cycle=s.rewriter_max_per_cycle)
+        return LLMRewriter(s.rewriter_url, s.rewriter_model, key, max_calls_per_cycle=s.rewriter_max_per_cycle,
+                           price_per_1k_input_tokens=s.rewriter_price_per_1k_input_tokens,
+                           price_per_1k_output_tokens=s.rewriter_price_per_1k_output_tokens)
 
     def _schedule(self, trials: list[Trial]) -> tuple[list[ReplaySpec], list[str]]:
         s = self.settings
