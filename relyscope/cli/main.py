@@ -429,7 +429,11 @@ def demo(
 
 def demo_next_steps(data_dir: Path) -> str:
     """What to do after the demo: keep a sidecar running, point an agent at it, where to look."""
-    rs = "relyscope" if shutil.which("relyscope") else ".venv/bin/relyscope"
+    exe = Path(sys.executable).parent / "relyscope"
+    if shutil.which("relyscope") == str(exe):
+        rs = "relyscope"
+    else:  # as the user would type it from here: .venv/bin/relyscope after `make demo`
+        rs = os.path.relpath(exe) if exe.resolve().is_relative_to(Path.cwd().resolve()) else str(exe)
     store = f"chdb://{data_dir.resolve()}/data"
     return "\n".join([
         "",
