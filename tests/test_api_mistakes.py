@@ -123,6 +123,13 @@ def test_trials_filter_by_trace_id_and_task_id(sc):
         assert r.status_code == 422 and "trace_id" in r.text, (bad, r.text)
 
 
+def test_spans_trace_id_is_hex_too(sc):
+    r = sc.get("/api/v1/spans", params={"trace_id": "zzz"})
+    assert r.status_code == 422 and "trace_id" in r.text
+    r = sc.get("/api/v1/spans", params={"trace_id": TRACE.format(2).upper()})
+    assert r.status_code == 200 and r.json()["keys"] == [[TRACE.format(2), SPAN.format(2)]]
+
+
 def test_trials_cursor_paging_visits_each_trial_once(sc):
     seen, cursor, pages = [], None, 0
     while True:

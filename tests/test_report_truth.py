@@ -116,12 +116,14 @@ def stopped(tmp_path_factory):
         metrics = sc.get("/metrics", headers=auth).text
         wrong = subprocess.run([str(RELYSCOPE_BIN), "report", "--api", sc.api, "--token", "WRONG"],
                                capture_output=True, text=True, timeout=60)
+        wrong_history = subprocess.run([str(RELYSCOPE_BIN), "history", "pass^1", "--api", sc.api,
+                                        "--token", "WRONG"], capture_output=True, text=True, timeout=60)
         missing = subprocess.run([str(RELYSCOPE_BIN), "report", "--api", sc.api], capture_output=True,
                                  text=True, timeout=60, env={k: v for k, v in os.environ.items()
                                                              if k != "RELYSCOPE_AUTH_TOKEN"})
     finally:
         sc.kill()
-    return d, metrics, wrong, missing
+    return d, metrics, (wrong, wrong_history), missing
 
 
 def test_metrics_count_trials_by_outcome_including_unknown(stopped):
@@ -132,8 +134,9 @@ def test_metrics_count_trials_by_outcome_including_unknown(stopped):
 
 
 def test_report_says_a_wrong_token_was_refused(stopped):
-    _, _, wrong, missing = stopped
+    _, _, (wrong, wrong_history), missing = stopped
     assert wrong.returncode == 2 and "refused the token" in wrong.stderr, wrong.stderr
+    assert wrong_history.returncode == 2 and "refused the token" in wrong_history.stderr, wrong_history.stderr
     assert missing.returncode == 2 and "requires a bearer token" in missing.stderr, missing.stderr
 
 

@@ -240,11 +240,14 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         return {"metric": metric, "points": points}
 
     @app.get("/api/v1/spans", dependencies=[Depends(auth)])
-    async def spans(trace_id: str | None = None, keys: bool = False) -> dict:
+    async def spans(trace_id: str | None = Query(None, pattern=TRACE_ID_PATTERN,
+                                                 description="only the keys of this trace (32 hex)"),
+                    keys: bool = False) -> dict:
         try:
             out = await run_in_threadpool(pipeline.store.span_counts)
             if keys or trace_id:
-                out["keys"] = [list(k) for k in await run_in_threadpool(pipeline.store.span_keys, trace_id)]
+                out["keys"] = [list(k) for k in await run_in_threadpool(
+                    pipeline.store.span_keys, trace_id.lower() if trace_id else None)]
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         return out
