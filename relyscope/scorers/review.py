@@ -135,6 +135,7 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         "claim_outcome_mismatches": sum(1 for g in grades.values() if g.claim_outcome_mismatch),
         "attribution": attribution,
         "sandbox_miss_trials": len(misses),
+        "fault_exposure": fault_exposure(trials),
         "control": control,
         "worst_tasks": worst,
         "outcomes": {k: outcomes.get(k, 0) for k in ("success", "failure", "unknown")},
@@ -194,6 +195,23 @@ def pass_hat_k_notes(metrics: dict) -> list[str]:
                      f"{vb.n_tasks} tasks with at least {b} known trials, pass^{a} over {va.n_tasks}; "
                      "compare pass^k only over tasks with n ≥ k")
     return notes
+
+
+def fault_exposure(trials: Sequence[Trial]) -> dict | None:
+    """Effective fault exposure of a group's fault replays (metrics.md §4: relyscope reports it
+    because nothing hides faults behind simulated retries): tool calls of ``fault``-family trials,
+    how many got an injected fault, and the rate (None without fault replays)."""
+    calls = faulted = 0
+    for t in trials:
+        if t.perturbation_family != "fault":
+            continue
+        for s in t.steps:
+            if s.tool_name and (s.op.value == "tool"):
+                calls += 1
+                faulted += s.fault_type is not None
+    if not calls:
+        return None
+    return {"tool_calls": calls, "faulted": faulted, "rate": round(faulted / calls, 6)}
 
 
 def policy_for(policy: Policy | None, agent: str) -> Policy | None:
