@@ -852,6 +852,7 @@ def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: 
     start = min((t.start_ns for t in trials), default=0) / 1e9
     end = max((t.end_ns for t in trials), default=0) / 1e9
     now = time.time()
+    inputs = score_inputs_digest(trials)
     rows = []
     for metric, mv in gs.metrics.items():
         rows.append({
@@ -860,9 +861,22 @@ def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: 
             "ci_low": mv.ci[0] if mv.ci else None, "ci_high": mv.ci[1] if mv.ci else None,
             "n_tasks": mv.n_tasks, "n_trials": mv.n_trials, "window_start": start,
             "window_end": end, "n_boot": n_boot, "params": json.dumps({"ci": 0.95, "seed": 0}),
-            "computed_at": now,
+            "computed_at": now, "inputs": inputs,
         })
     return rows
+
+
+def score_inputs_digest(trials: list[Trial]) -> str:
+    """A short digest (16 hex) of what a group's scores were computed from: each trial's id,
+    revision, status, resolved outcome, outcome score and confidence. Part of the ``scores`` key:
+    re-scoring unchanged inputs replaces a row, changed inputs (a late verdict) add one."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in sorted(trials, key=lambda t: t.trial_id):
+        h.update(repr((t.trial_id, t.revision, t.status, t.outcome, t.outcome_score,
+                       t.confidence)).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]
 
 
 def default_spool_dir(dsn: str) -> str:

@@ -69,9 +69,19 @@ class SidecarProc:
         return self.get("/api/v1/report").json()
 
     def trials(self, **params) -> list[dict]:
-        r = self.get("/api/v1/trials", params=params)
-        assert r.status_code == 200, r.text
-        return r.json()["trials"]
+        """Every trial matching the filters (all pages; ``limit`` caps the total)."""
+        cap = params.pop("limit", None)
+        out: list[dict] = []
+        cursor = None
+        while True:
+            page_params = {**params, "limit": 1000, **({"cursor": cursor} if cursor else {})}
+            r = self.get("/api/v1/trials", params=page_params)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            out += body["trials"]
+            cursor = body.get("next_cursor")
+            if not cursor or (cap is not None and len(out) >= cap):
+                return out if cap is None else out[:cap]
 
     def vm_status(self) -> dict[str, int]:
         """VmRSS / VmHWM of the process, KiB (Linux)."""

@@ -8,6 +8,8 @@ Reliability gauges are built at scrape time from the latest group scores:
 - ``relyscope_score_ci_low`` / ``relyscope_score_ci_high`` — 95 % task-clustered bootstrap bounds.
 - ``relyscope_score_tasks`` — tasks the value is based on.
 - ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete}``.
+- ``relyscope_group_outcome_trials{agent,version,run_kind,outcome=success|failure|unknown}`` — trials
+  by resolved outcome; a group whose trials are all ``unknown`` has no success metrics.
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
@@ -47,6 +49,9 @@ class _ReliabilityCollector(Collector):
         hi = GaugeMetricFamily("relyscope_score_ci_high", "Upper bound of the 95% task-clustered bootstrap CI", labels=labels)
         nt = GaugeMetricFamily("relyscope_score_tasks", "Tasks the metric value is based on", labels=labels)
         tr = GaugeMetricFamily("relyscope_group_trials", "Trials per group", labels=["agent", "version", "run_kind", "kind"])
+        oc = GaugeMetricFamily("relyscope_group_outcome_trials", "Trials per group by resolved outcome "
+                               "(success, failure, unknown: unknown is counted, never dropped)",
+                               labels=["agent", "version", "run_kind", "outcome"])
         for (agent, version, run_kind), gs in sorted(p.scores.items()):
             for name, mv in gs.metrics.items():
                 if mv.value is None or math.isnan(mv.value):
@@ -63,7 +68,10 @@ class _ReliabilityCollector(Collector):
             tr.add_metric([agent, version, run_kind, "valid"], gs.trials - gs.invalid_trials - incomplete)
             tr.add_metric([agent, version, run_kind, "invalid"], gs.invalid_trials)
             tr.add_metric([agent, version, run_kind, "incomplete"], incomplete)
-        yield from (val, lo, hi, nt, tr)
+        for (agent, version, run_kind), ex in sorted(p.report_extras(p.scores).items()):
+            for outcome, n in (ex.get("outcomes") or {}).items():
+                oc.add_metric([agent, version, run_kind, outcome], n)
+        yield from (val, lo, hi, nt, tr, oc)
 
         s = p.stats
         yield CounterMetricFamily("relyscope_spans_received", "Spans received over OTLP", value=s.received)

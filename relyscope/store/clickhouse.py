@@ -47,20 +47,29 @@ from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Tria
 
 from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
 
-__all__ = ["Store", "StoreError", "StoreUnavailable", "StoreRejected", "open_store", "resolve_dsn"]
+__all__ = ["Store", "StoreError", "StoreUnavailable", "StoreRejected", "open_store", "resolve_dsn", "chdb_path"]
 
 
 _SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
 
 
-def resolve_dsn(dsn: str) -> str:
-    """Make a ``chdb://`` path absolute (``chdb:///./x`` and ``chdb://./x`` → ``chdb:///abs/x``)."""
+def chdb_path(dsn: str) -> str | None:
+    """The absolute data directory of an embedded ``chdb://`` DSN, relative paths read from the
+    current directory (``chdb:///./x`` and ``chdb://./x`` → ``$PWD/x``); None for other DSNs.
+    Creates nothing."""
     if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
         path = dsn[len("chdb://"):]
         if path.startswith("/./") or path.startswith("/../"):
             path = path[1:]
-        path = os.path.abspath(os.path.expanduser(path))
+        return os.path.abspath(os.path.expanduser(path))
+    return None
+
+
+def resolve_dsn(dsn: str) -> str:
+    """Make a ``chdb://`` path absolute (see :func:`chdb_path`) and create its directory."""
+    path = chdb_path(dsn)
+    if path is not None:
         os.makedirs(path, exist_ok=True)
         return "chdb://" + path
     return dsn
@@ -144,9 +153,9 @@ SCHEMA = [
         metric LowCardinality(String), value Nullable(Float64),
         ci_low Nullable(Float64), ci_high Nullable(Float64), n_tasks UInt32, n_trials UInt32,
         window_start DateTime64(3), window_end DateTime64(3), n_boot UInt32, params String,
-        computed_at DateTime64(3)
+        computed_at DateTime64(3), inputs String DEFAULT ''
     ) ENGINE = ReplacingMergeTree(computed_at)
-    ORDER BY (formula_set, agent, version, run_kind, metric, window_start, window_end)""",
+    ORDER BY (formula_set, agent, version, run_kind, metric, window_start, window_end, inputs)""",
     """CREATE TABLE IF NOT EXISTS {db}.judgements (
         trial_id String, name LowCardinality(String), score Nullable(Float64), label Nullable(String),
         explanation Nullable(String), model String, judged_at DateTime64(3)
@@ -174,6 +183,19 @@ SCHEMA = [
         scheduled_at DateTime64(3), finished_at Nullable(DateTime64(3)), version_ns UInt64
     ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY replay_id""",
 ]
+
+def _migrate(client, db: str) -> None:
+    """Bring tables created by an older version to the current schema (idempotent).
+
+    ``scores.inputs`` (a digest of the trials and outcomes a score was computed from) joined the
+    sorting key so that a re-scoring of the same window with different inputs (a late verdict)
+    adds a history point instead of replacing the earlier one."""
+    have = client.query("SELECT name FROM system.columns WHERE database = %(db)s AND table = 'scores'",
+                        parameters={"db": db}).result_rows
+    if have and "inputs" not in {r[0] for r in have}:
+        client.command(f"ALTER TABLE {db}.scores ADD COLUMN inputs String, MODIFY ORDER BY "
+                       "(formula_set, agent, version, run_kind, metric, window_start, window_end, inputs)")
+
 
 _SPAN_COLS = [
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
@@ -244,6 +266,7 @@ class Store:
             client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
             for ddl in SCHEMA:
                 client.command(ddl.format(db=self.db))
+            _migrate(client, self.db)
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
             if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
                 raise StoreUnavailable(
@@ -474,7 +497,8 @@ class Store:
     def score_history(self, metric: str, *, agent: str | None = None, version: str | None = None,
                       run_kind: str | None = None, limit: int = 200) -> list[dict]:
         """One metric over time (from the ``scores`` table): per group, the value, CI and task
-        count of every scoring that changed its window, oldest first (at most ``limit`` per group)."""
+        count of every scoring that changed its window or its inputs (a late outcome adds a point),
+        oldest first (at most ``limit`` per group, the newest)."""
         where, params = ["metric = %(m)s"], {"m": metric, "lim": limit}
         for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
             if val is not None:
@@ -492,6 +516,41 @@ class Store:
         """Whether a finalized trial exists for this trial id (``key_kind="trial"``) or trace id."""
         col = "trial_id" if key_kind == "trial" else "trace_id"
         return bool(self.query(f"SELECT count() FROM {{db}}.trials WHERE {col} = %(k)s", {"k": key})[0][0])
+
+    def count_trials(self, *, agent: str | None = None, version: str | None = None,
+                     run_kind: str | None = None, task_id: str | None = None,
+                     trace_ids: Iterable[str] | None = None) -> int:
+        """Number of trials (tombstones skipped) matching the filters of :meth:`load_trials`."""
+        where, params = ["status != 'superseded'"], {}
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind), ("task_id", task_id)):
+            if val is not None:
+                where.append(f"{col} = %({col})s")
+                params[col] = val
+        if trace_ids is not None:
+            where.append("trace_id IN %(tids)s")
+            params["tids"] = sorted(set(trace_ids)) or [""]
+        return int(self.query(f"SELECT count() FROM {{db}}.trials FINAL WHERE {' AND '.join(where)}",
+                              params)[0][0])
+
+    def conversation_ids(self, *, agent: str | None = None, version: str | None = None,
+                         run_kind: str | None = None, after: str | None = None,
+                         limit: int | None = None) -> tuple[list[str], int]:
+        """(distinct conversation ids of stored trials in order, ``> after``, at most ``limit``;
+        the number of all distinct conversation ids matching the filters)."""
+        where, params = ["status != 'superseded'", "conversation_id IS NOT NULL", "conversation_id != ''"], {}
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
+            if val is not None:
+                where.append(f"{col} = %({col})s")
+                params[col] = val
+        base = f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)}"
+        total = int(self.query(f"SELECT uniqExact(conversation_id) {base}", params)[0][0])
+        if after is not None:
+            base += " AND conversation_id > %(after)s"
+            params["after"] = after
+        sql = f"SELECT DISTINCT assumeNotNull(conversation_id) AS c {base} ORDER BY c"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [r[0] for r in self.query(sql, params)], total
 
     def span_counts(self) -> dict:
         """``{"spans": distinct stored spans, "rows": rows before dedup merges, "trials": n}``."""
@@ -520,11 +579,15 @@ class Store:
     def load_trials(self, *, agent: str | None = None, version: str | None = None,
                     run_kind: str | None = None, since_ns: int | None = None,
                     until_ns: int | None = None, trace_ids: Iterable[str] | None = None,
-                    trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None) -> list[Trial]:
+                    task_id: str | None = None, conversation_ids: Iterable[str] | None = None,
+                    trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None,
+                    after_trial_id: str | None = None, limit: int | None = None) -> list[Trial]:
         """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
-        outcome their spans carried (posted outcomes are resolved by the scorers, not here)."""
+        outcome their spans carried (posted outcomes are resolved by the scorers, not here).
+        Ordered by trial id; ``after_trial_id`` / ``limit`` page through them (keyset paging:
+        trial ids strictly greater than ``after_trial_id``, at most ``limit``)."""
         where, params = ["1"], {}
-        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind), ("task_id", task_id)):
             if val is not None:
                 where.append(f"{col} = %({col})s")
                 params[col] = val
@@ -540,12 +603,20 @@ class Store:
         if trial_ids is not None:
             where.append("trial_id IN %(trids)s")
             params["trids"] = sorted(set(trial_ids)) or [""]
+        if conversation_ids is not None:
+            where.append("conversation_id IN %(cids)s")
+            params["cids"] = sorted(set(conversation_ids)) or [""]
+        if after_trial_id is not None:
+            where.append("trial_id > %(after)s")
+            params["after"] = after_trial_id
         if task_ids is not None:
             where.append("task_id IN %(taskids)s")
             params["taskids"] = sorted(set(task_ids)) or [""]
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
         rows = self.query(sql, params)
         out = []
         for r in rows:

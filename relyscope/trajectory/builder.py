@@ -268,6 +268,33 @@ def assemble(
     return trials
 
 
+def _enclosing_sems(root: str, members: list[str], spans: Spans, depth: dict[str, int]) -> list[SpanSemantics]:
+    """Semantics of the spans around a trial's root, nearest first: its ancestors among the
+    trace's spans up to the first agent or workflow span (an application's own span wrapping a
+    framework's agent span), or, under a virtual root, the trial's top-level spans in start
+    order. Their ``relyscope.task.id``, outcome and confidence count when the root has none."""
+    if not root:
+        return [spans[s][1] for s in sorted((m for m in members if depth.get(m) == 1),
+                                            key=lambda m: _order_key(spans, m))]
+    out, seen = [], {root}
+    parent = spans[root][0].parent_span_id
+    # up to the first agent/workflow span: that is another trial's root, whose values are its own
+    while parent and parent in spans and parent not in seen and spans[parent][1].op not in _AGENTISH:
+        seen.add(parent)
+        out.append(spans[parent][1])
+        parent = spans[parent][0].parent_span_id
+    return out
+
+
+def _pick_first(rsem: SpanSemantics, above: list[SpanSemantics], attr: str):
+    """``attr`` of the root's semantics, else of the nearest enclosing span that has it."""
+    for sem in (rsem, *above):
+        v = getattr(sem, attr)
+        if v is not None and v != "":
+            return v
+    return None
+
+
 def _step_action(sid: str, span: CanonicalSpan, sem: SpanSemantics, wrappers: set[str]) -> str | None:
     if sem.op is Op.LLM:
         return None if sid in wrappers else "llm"
@@ -381,17 +408,23 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         flags.add("missing_root")
         resource = allspans[0].resource if allspans else {}
 
+    above = _enclosing_sems(root, members, spans, depth)
+
     def pick(attr: str):
         v = getattr(rsem, attr)
         if v is not None:
             return v
+        for sem in above:  # the application's own span around the run (nearest first)
+            if getattr(sem, attr) is not None:
+                return getattr(sem, attr)
         for sem in reversed(outcome_sem):  # the root's value wins; else the latest span's
             if getattr(sem, attr) is not None:
                 return getattr(sem, attr)
         return None
 
-    if rsem.task_id:
-        task_id, task_src = str(rsem.task_id), "attribute"
+    task_attr = _pick_first(rsem, above, "task_id")
+    if task_attr:
+        task_id, task_src = str(task_attr), "attribute"
     elif first_input:
         task_id, task_src = task_fingerprint(first_input), "fingerprint"
     else:
