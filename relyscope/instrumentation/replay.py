@@ -133,6 +133,7 @@ class ReplayRequest:
     traceparent: str | None
     tool_proxy_url: str | None
     deadline_s: float = 60.0
+    target_version: str | None = None  # the agent version the sidecar sent this replay to
 
     @classmethod
     def from_json(cls, body: Any) -> ReplayRequest:
@@ -187,6 +188,9 @@ class ReplayRequest:
         strength = pert.get("strength")
         if strength is not None and not isinstance(strength, str):
             raise ReplayProtocolError("perturbation.strength: must be a string")
+        tv = body.get("target_version")
+        if tv is not None and (not isinstance(tv, str) or not tv):
+            raise ReplayProtocolError("target_version: a non-empty string or null")
         return cls(
             replay_id=text(body, "replay_id", ""),  # type: ignore[arg-type]
             run_kind=run_kind,
@@ -195,7 +199,7 @@ class ReplayRequest:
                             agent=task.get("agent") if isinstance(task.get("agent"), str) else None,
                             metadata=dict(meta)),
             family=family, strength=strength, seed=seed, traceparent=tp, tool_proxy_url=url,
-            deadline_s=float(deadline),
+            deadline_s=float(deadline), target_version=tv,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -207,7 +211,7 @@ class ReplayRequest:
                      "metadata": dict(self.task.metadata)},
             "perturbation": {"family": self.family, "strength": self.strength, "seed": self.seed},
             "traceparent": self.traceparent, "tool_proxy": {"url": self.tool_proxy_url},
-            "deadline_s": self.deadline_s,
+            "deadline_s": self.deadline_s, "target_version": self.target_version,
         }
 
 
@@ -441,4 +445,6 @@ def replay_root_attributes() -> dict[str, Any]:
     }
     if req.strength:
         out["relyscope.perturbation.strength"] = req.strength
+    if req.target_version:  # used when the agent states no version of its own (see agent_run)
+        out["gen_ai.agent.version"] = req.target_version
     return out

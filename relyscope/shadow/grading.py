@@ -31,7 +31,7 @@ def resolve_replays(store: Any, trials: Sequence[Trial], posted: Mapping, judged
     production runs (loaded from ``store`` by trial id, their own outcomes resolved by §6 first).
     Cost: one primary-key lookup for the production trials the replays name. Raises
     StoreUnavailable."""
-    prod_ids = {t.shadow_of for t in trials if t.shadow_of and t.outcome == "unknown"}
+    prod_ids = {t.shadow_of for t in trials if t.shadow_of}
     if not prod_ids:
         return list(trials)
     prods = apply_outcomes(store.load_trials(trial_ids=prod_ids), posted, judged)

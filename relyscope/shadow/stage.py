@@ -37,6 +37,7 @@ from relyscope.store.shadow import ShadowLedger
 __all__ = ["ShadowStage"]
 
 log = logging.getLogger("relyscope.shadow")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per replay request
 
 
 class ShadowStage:
@@ -62,7 +63,7 @@ class ShadowStage:
         self.sessions: dict[str, SandboxSession] = {}
         self.running: set[str] = set()
         self.counts: dict[str, collections.Counter] = {
-            "decisions": collections.Counter(), "replays": collections.Counter(),
+            "decisions": collections.Counter(), "replays": collections.Counter(), "scheduled": collections.Counter(),
             "proxy": collections.Counter(), "faults": collections.Counter(),
             "side_effects_recorded": collections.Counter(), "rewriter": collections.Counter()}
         self.rewriter_cost_usd: float | None = None
@@ -255,7 +256,7 @@ class ShadowStage:
             notes += [f"{t.trial_id}: {n}" for n in nt]
         now = time.time()
         self.ledger.write_replays([{**_spec_row(sp), "status": "scheduled", "scheduled_at": now} for sp in specs])
-        self.counts["replays"]["scheduled"] += len(specs)
+        self.counts["scheduled"].update(sp.family for sp in specs)
         return specs, notes
 
     def dispatch(self, max_n: int = 8) -> int:
@@ -305,7 +306,7 @@ class ShadowStage:
             family=row["family"], strength=row["strength"], seed=int(row["seed"]),
             traceparent=f"00-{trace_id}-{span_id}-01",
             tool_proxy_url=f"{self.proxy_base_url}/shadow/v1/replays/{rid}/tool-calls",
-            deadline_s=s.shadow_replay_timeout_s)
+            deadline_s=s.shadow_replay_timeout_s, target_version=row["target_version"])
         with self._lock:
             self.sessions[rid] = session
         status, error = "completed", ""

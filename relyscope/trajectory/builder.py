@@ -396,6 +396,8 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             conversation = rsem.conversation_id
         if rspan.parent_span_id and rspan.parent_span_id not in spans:
             flags.add("remote_parent")
+        if rspan.status_code == 2:  # the run itself raised / ended in error
+            flags.add("root_error")
         if rsem.cost_usd is not None and cost is None:
             cost = rsem.cost_usd
         resource = rspan.resource
