@@ -289,7 +289,10 @@ class Store:
                 [l[0] for l in s.links], [l[1] for l in s.links], sorted(s.flags),
                 s.raw_end_ns if s.raw_end_ns is not None and s.raw_end_ns >= 0 else None,
             ])
-        self._insert("otel_traces", rows, _SPAN_COLS)
+        # UTC days; the server's toDate may use another time zone, where one UTC day touches up to
+        # two dates: half the limit of UTC days per block stays within the limit of dates
+        for chunk in _by_partition(rows, lambda r: r[0] // _NS_PER_DAY, MAX_PARTITIONS_PER_INSERT // 2):
+            self._insert("otel_traces", chunk, _SPAN_COLS)
 
     def insert_trials(self, trials: Iterable[Trial]) -> None:
         """Store (or replace) trials."""
@@ -497,6 +500,28 @@ class Store:
             )
             out.append(t)
         return out
+
+
+#: ClickHouse refuses an INSERT block that touches more partitions than the server setting
+#: ``max_partitions_per_insert_block`` (default 100) with TOO_MANY_PARTS, for the whole block. The
+#: setting may be locked on a shared server, so inserts are split rather than the setting raised.
+MAX_PARTITIONS_PER_INSERT = 100
+_NS_PER_DAY = 86_400 * 10**9
+
+
+def _by_partition(rows: list[list], part_of, max_parts: int = MAX_PARTITIONS_PER_INSERT) -> list[list[list]]:
+    """Split ``rows`` into insert blocks touching at most ``max_parts`` partitions each
+    (``part_of(row)``: the row's partition key, here the UTC day of ``otel_traces.Timestamp``,
+    as ``PARTITION BY toDate(Timestamp)``). One block, in the original order, when it already fits
+    (the common case); else blocks in partition order. A block is atomic on its own; a retry
+    after a partial failure re-inserts earlier blocks, which ReplacingMergeTree deduplicates."""
+    parts: dict[Any, list[list]] = {}
+    for r in rows:
+        parts.setdefault(part_of(r), []).append(r)
+    if len(parts) <= max_parts:
+        return [rows] if rows else []
+    keys = sorted(parts)
+    return [[r for k in keys[i:i + max_parts] for r in parts[k]] for i in range(0, len(keys), max_parts)]
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
