@@ -66,7 +66,8 @@ class CanonicalSpan:
     Ids are lowercase hex: ``trace_id`` 32 chars, ``span_id`` 16 chars, ``parent_span_id`` 16 chars
     or ``""`` for none. Times are Unix epoch nanoseconds; ``end_ns >= start_ns`` is guaranteed
     (an end before start is clamped to start and flagged ``end_before_start``; the raw end is kept
-    in ``raw_end_ns``). Attribute values are ``str | bool | int | float | bytes | list | dict``
+    in ``raw_end_ns``). ``dropped_attributes``: how many attributes (span and event) the
+    receiver's count limit dropped, never one that scoring reads. Attribute values are ``str | bool | int | float | bytes | list | dict``
     (OTLP arrays become lists, kvlists dicts). ``flags`` names repairs made at decode time
     (``end_before_start``, ``invalid_utf8``, ``empty_attribute``, ``truncated_attribute``,
     ``dropped_attributes``, ``missing_kind`` …).
@@ -90,6 +91,7 @@ class CanonicalSpan:
     trace_state: str = ""
     flags: frozenset[str] = frozenset()
     raw_end_ns: int | None = None
+    dropped_attributes: int = 0  # attributes the receiver's count limit dropped (flag dropped_attributes)
 
     @property
     def duration_ns(self) -> int:

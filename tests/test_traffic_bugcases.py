@@ -130,3 +130,236 @@ def test_d18_batch_spanning_120_days_is_stored_and_scored(sc):
     assert health["status"] == "ok" and not health["last_error"], health
     quarantine = sc.data_dir / "spool.quarantine"
     assert not quarantine.exists() or not any(quarantine.iterdir())
+
+
+# ---- helpers for protobuf / gRPC and for reading the store of a stopped sidecar ----------------
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def _pb(body: dict) -> bytes:
+    """OTLP/JSON → protobuf bytes (OTLP/JSON ids are hex where json_format expects base64)."""
+    import base64
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    doc = json.loads(json.dumps(body))
+    for sp in _spans_of(doc):
+        for k in ("traceId", "spanId", "parentSpanId"):
+            if sp.get(k):
+                sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+        for ln in sp.get("links", []):
+            for k in ("traceId", "spanId"):
+                ln[k] = base64.b64encode(bytes.fromhex(ln[k])).decode()
+    return json_format.ParseDict(doc, ExportTraceServiceRequest()).SerializeToString()
+
+
+def _grpc(sc, raw: bytes) -> ExportTraceServiceResponse:
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{sc.grpc_port}") as ch:
+        call = ch.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        return ExportTraceServiceResponse.FromString(call(raw, timeout=30))
+
+
+def _retrace(body: dict, old: str, new: str) -> dict:
+    return json.loads(json.dumps(body).replace(old, new))
+
+
+STORE_QUERY = r"""
+import json, sys, clickhouse_connect
+c = clickhouse_connect.get_client(dsn="chdb://" + sys.argv[1])
+rows = c.query("SELECT TraceId, SpanId, RelyscopeFlags, SpanAttributes FROM relyscope.otel_traces FINAL").result_rows
+out = [{"trace": r[0], "span": r[1], "flags": list(r[2]), "attrs": dict(r[3])} for r in rows]
+sys.stdout.buffer.write(json.dumps(out, ensure_ascii=True).encode())
+"""
+
+
+def _stored_rows(data_dir) -> dict[tuple[str, str], dict]:
+    """``otel_traces`` rows of a stopped sidecar's store: {(trace_id, span_id): row}."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", STORE_QUERY, str(data_dir / "data")],
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    return {(x["trace"], x["span"]): x for x in json.loads(r.stdout)}
+
+
+# ---- unreadable attribute shapes: reported in partial success and counted ------------------------
+
+def _span(tid: str, sid: str, attributes, **kw) -> dict:
+    return {"traceId": tid, "spanId": sid, "name": kw.pop("name", "chat gpt-4o"), "kind": 3,
+            "startTimeUnixNano": "1760000000000000000", "endTimeUnixNano": "1760000001000000000",
+            "attributes": attributes, **kw}
+
+
+def _body(*spans: dict, service: str = "shape-test") -> dict:
+    return {"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": service}}]},
+        "scopeSpans": [{"scope": {"name": "t"}, "spans": list(spans)}]}]}
+
+
+def test_attributes_in_unreadable_shape_are_reported_and_counted(sc):
+    tid = "a1" * 16
+    good = _span(tid, "a1" * 8, [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}])
+    # a JSON object where OTLP has a list of {key, value}: the attributes cannot be read
+    as_object = _span(tid, "a2" * 8, {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 5})
+    # one entry of the list is not an object; the rest are read
+    bad_entry = _span(tid, "a3" * 8, [["gen_ai.operation.name", "chat"],
+                                      {"key": "gen_ai.request.model", "value": {"stringValue": "m"}}])
+    before = _counters(sc)
+    resp = _ok(_post(sc, _body(good, as_object, bad_entry)))
+    # nothing rejected (the spans are kept), but the client is told what was dropped: 2 spans
+    assert resp.partial_success.rejected_spans == 0
+    msg = resp.partial_success.error_message
+    assert "2 spans invalid_attribute" in msg and "dropped" in msg, msg
+    _flush(sc)
+    keys = {tuple(k) for k in sc.get("/api/v1/spans", params={"trace_id": tid}).json()["keys"]}
+    assert keys == {(tid, "a1" * 8), (tid, "a2" * 8), (tid, "a3" * 8)}
+    after = _counters(sc)
+    name = "relyscope_otlp_warnings_total"
+    assert _sum(after, name, kind="invalid_attribute") - _sum(before, name, kind="invalid_attribute") == 2
+
+
+def test_clean_request_gets_no_partial_success(sc):
+    tid = "a4" * 16
+    resp = _ok(_post(sc, _body(_span(tid, "a4" * 8, [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}]))))
+    assert not resp.HasField("partial_success")
+
+
+@pytest.mark.parametrize("doc,signal", [
+    ({"resourceLogs": [{"scopeLogs": [{"logRecords": [{"body": {"stringValue": "hi"}}]}]}]}, "logs"),
+    ({"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "x"}]}]}]}, "metrics"),
+])
+def test_other_signal_posted_to_v1_traces_is_a_clear_400(sc, doc, signal):
+    r = _post(sc, doc)
+    assert r.status_code == 400, (r.status_code, r.text)
+    st = json_format.Parse(r.content, status_pb2.Status())
+    assert st.code == 3  # INVALID_ARGUMENT
+    assert f"OTLP {signal} request" in st.message and f"/v1/{signal}" in st.message
+
+
+def test_json_without_spans_is_400_but_empty_request_is_200(sc):
+    r = _post(sc, {"foo": []})
+    assert r.status_code == 400 and "no resourceSpans" in r.text
+    assert not _ok(_post(sc, {})).HasField("partial_success")
+    assert not _ok(_post(sc, {"resourceSpans": []})).HasField("partial_success")
+
+
+def test_metrics_protobuf_posted_to_traces_is_a_clear_400(sc):
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    m = ExportMetricsServiceRequest()
+    metrics = m.resource_metrics.add().scope_metrics.add().metrics
+    metrics.add(name="http.server.requests", unit="1").sum.data_points.add(as_int=3)
+    metrics.add(name="process.memory", unit="By").gauge.data_points.add(as_double=1.5)
+    r = _post(sc, m.SerializeToString(), {"Content-Type": "application/x-protobuf"})
+    assert r.status_code == 400, r.content
+    st = status_pb2.Status.FromString(r.content)
+    assert "not an OTLP traces request" in st.message or "cannot decode protobuf" in st.message
+
+
+# ---- D20 / D14: attribute limits never erase what scoring reads -------------------------------------
+
+D20_TRACE = "2001abababababababababababababab"
+
+
+def test_d20_count_limit_keeps_scoring_attributes_over_grpc_protobuf(sc):
+    """The D20 spans over gRPC (protobuf path) to a default sidecar (limit 128)."""
+    body = _retrace(_case("D20")["requests"][0]["body"], D20_TRACE, "20aa" + D20_TRACE[4:])
+    tid = "20aa" + D20_TRACE[4:]
+    resp = _grpc(sc, _pb(body))
+    # root: 135 distinct keys, 5 read by scoring -> 128 kept, 7 dropped; LLM span: 146 keys, 6 read
+    # by scoring, 140 flattened history -> 128 kept, 18 dropped: 25 attributes on 2 spans
+    assert resp.partial_success.rejected_spans == 0
+    assert "2 spans dropped_attributes" in resp.partial_success.error_message
+    assert "25 attributes" in resp.partial_success.error_message
+    _flush(sc)
+    [t] = _trials_of(sc, [tid])
+    assert (t["task_id"], t["outcome"], t["conversation_id"]) == ("attr-limit-20", "success", "sess-20")
+    assert (t["model_calls"], t["input_tokens"], t["output_tokens"]) == (1, 6000, 250)
+
+
+@pytest.fixture(scope="module")
+def limits_run(tmp_path_factory) -> dict:
+    """D14 and D20 sent to a sidecar with the D14 settings (RELYSCOPE_MAX_ATTRIBUTE_LENGTH=12);
+    replies, trials and report read over the API, then the sidecar is stopped and its store read."""
+    d = tmp_path_factory.mktemp("limits")
+    env = _case("D14")["sidecar"]["env"]
+    assert env == {"RELYSCOPE_MAX_ATTRIBUTE_LENGTH": "12"}
+    s = start_sidecar(d, extra_env=env)
+    try:
+        out = {"d14": _send_case(s, "D14"), "d20": _send_case(s, "D20"), "before": None}
+        _flush(s)
+        out["trials"] = s.trials()
+        out["report"] = s.report()
+        out["counters"] = _counters(s)
+    finally:
+        _stop(s)
+    out["rows"] = _stored_rows(d)
+    return out
+
+
+def test_d20_scoring_attributes_survive_the_count_limit(limits_run):
+    [resp] = limits_run["d20"]
+    assert resp.partial_success.rejected_spans == 0
+    msg = resp.partial_success.error_message
+    assert "2 spans dropped_attributes" in msg and "25 attributes" in msg, msg
+    [t] = [t for t in limits_run["trials"] if t["trace_id"] == D20_TRACE]
+    assert (t["task_id"], t["task_id_source"]) == ("attr-limit-20", "attribute")
+    assert (t["outcome"], t["conversation_id"]) == ("success", "sess-20")
+    assert (t["model_calls"], t["input_tokens"], t["output_tokens"]) == (1, 6000, 250)
+    rows = limits_run["rows"]
+    root, llm = rows[(D20_TRACE, "2001cdcdcdcdcdcd")], rows[(D20_TRACE, "2002cdcdcdcdcdcd")]
+    for row in (root, llm):
+        assert len(row["attrs"]) == 128 and "dropped_attributes" in row["flags"]
+    for k in ("openinference.span.kind", "session.id", "relyscope.task.id", "relyscope.outcome"):
+        assert k in root["attrs"]
+    assert [k for k in root["attrs"] if k.startswith("metadata.tag_")].__len__() == 123
+    for k in ("llm.model_name", "llm.token_count.prompt", "llm.token_count.completion",
+              "llm.token_count.total", "session.id"):
+        assert k in llm["attrs"]
+    hist = [k for k in llm["attrs"] if k.startswith("llm.input_messages.")]
+    assert len(hist) == 122 and "llm.input_messages.0.message.content" in hist  # the tail goes first
+
+
+def test_d14_identity_attributes_are_never_truncated(limits_run):
+    body = _case("D14")["requests"][0]["body"]
+    spans = _spans_of(body)
+    trace_ids = {sp["traceId"] for sp in spans}
+    trials = [t for t in limits_run["trials"] if t["trace_id"] in trace_ids]
+    assert sorted(t["task_id"] for t in trials) == ["customer-refund-0001", "customer-refund-0002"]
+    assert sorted(t["conversation_id"] for t in trials) == ["conversation-2026-01", "conversation-2026-02"]
+    for t in trials:
+        assert t["actions"] == ["llm", "lookup"]
+        assert "missing_tool_span" not in t["flags"]
+        [tool] = [s for s in t["steps"] if s["action"] == "lookup"]
+        assert tool["tool_call_id"] in ("call_abcdefghijklmnopqrst1", "call_abcdefghijklmnopqrst2")
+    [g] = [g for g in limits_run["report"]["groups"] if g["agent"] == "support"]
+    assert (g["tasks"], g["trials"]) == (2, 2)
+    rows = limits_run["rows"]
+    for sp in spans:
+        row = rows[(sp["traceId"], sp["spanId"])]
+        for kv in sp["attributes"]:
+            sent = next(iter(kv["value"].values()))
+            if not isinstance(sent, str):
+                continue
+            got = row["attrs"][kv["key"]]
+            if kv["key"] in ("relyscope.task.id", "gen_ai.conversation.id", "gen_ai.tool.call.id",
+                             "gen_ai.agent.name", "gen_ai.operation.name"):
+                assert got == sent  # identity: whole, even when longer than 12
+            else:
+                # content: the first 12 code points (not bytes), valid UTF-8
+                assert got == sent[:12] and len(got) <= 12
+                got.encode("utf-8")
+        if any(len(next(iter(kv["value"].values()))) > 12 for kv in sp["attributes"]
+               if isinstance(next(iter(kv["value"].values())), str)
+               and kv["key"] not in ("relyscope.task.id", "gen_ai.conversation.id",
+                                     "gen_ai.tool.call.id")):
+            assert "truncated_attribute" in row["flags"]
+    # the reply names the truncation
+    [resp] = limits_run["d14"]
+    assert "truncated_attribute" in resp.partial_success.error_message
+    assert resp.partial_success.rejected_spans == 0
