@@ -363,3 +363,54 @@ def test_d14_identity_attributes_are_never_truncated(limits_run):
     [resp] = limits_run["d14"]
     assert "truncated_attribute" in resp.partial_success.error_message
     assert resp.partial_success.rejected_spans == 0
+
+
+# ---- D06, ghost groups: runs tied together the way their frameworks tie them ------------------
+
+def test_d06_two_sibling_agent_runs_in_one_trace_are_two_trials(sc):
+    case = _case("D06")
+    [resp] = _send_case(sc, "D06")
+    assert not resp.HasField("partial_success")
+    _flush(sc)
+    tid = _spans_of(case["requests"][0]["body"])[0]["traceId"]
+    trials = _trials_of(sc, [tid])
+    # chat-agent 0.1 s..5.0 s and title-agent 0.2 s..1.1 s both hang off the uncollected span
+    # ffffffffffff0606: neither is a descendant of the other
+    assert [(t["agent_name"], t["task_id"], t["outcome"], t["actions"]) for t in trials] == [
+        ("chat-agent", "chat-06", "success", ["llm", "search_kb", "llm"]),
+        ("title-agent", "title-06", "failure", ["llm"]),
+    ]
+    chat, title = trials
+    assert (chat["input_tokens"], chat["output_tokens"]) == (1000, 80)  # 2 x (500, 40)
+    assert (title["input_tokens"], title["output_tokens"]) == (120, 8)
+    assert all("remote_parent" in t["flags"] for t in trials)
+
+
+def test_nested_agent_exported_before_its_root_leaves_no_ghost_group(sc):
+    tid, root_id, sub_id, llm_id = "6a" * 16, "6a" * 8, "6b" * 8, "6c" * 8
+
+    def agent(sid, name, parent="", start=0, end=9):
+        attrs = [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+                 {"key": "gen_ai.agent.name", "value": {"stringValue": name}}]
+        sp = _span(tid, sid, attrs, name=f"invoke_agent {name}", kind=1,
+                   startTimeUnixNano=str(1760000000_000000000 + start * 10**8),
+                   endTimeUnixNano=str(1760000000_000000000 + end * 10**8))
+        if parent:
+            sp["parentSpanId"] = parent
+        return sp
+
+    sub = agent(sub_id, "ghost-sub", parent=root_id, start=2, end=6)
+    llm = _span(tid, llm_id, [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                              {"key": "gen_ai.request.model", "value": {"stringValue": "m"}}],
+                parentSpanId=sub_id, startTimeUnixNano="1760000000300000000",
+                endTimeUnixNano="1760000000500000000")
+    _ok(_post(sc, _body(sub, llm, service="ghost-svc")))
+    _flush(sc)  # the nested run is scored as a provisional root (its parent is not here yet)
+    assert [g["agent"] for g in sc.report()["groups"] if g["agent"].startswith("ghost-")] == ["ghost-sub"]
+    _ok(_post(sc, _body(agent(root_id, "ghost-main", start=0, end=9), service="ghost-svc")))
+    _flush(sc)
+    [t] = _trials_of(sc, [tid])
+    assert (t["agent_name"], t["root_span_id"], t["actions"]) == ("ghost-main", root_id, ["llm"])
+    assert [g["agent"] for g in sc.report()["groups"] if g["agent"].startswith("ghost-")] == ["ghost-main"]
+    agents = {dict(ls).get("agent") for (n, ls), _ in _counters(sc).items() if n.startswith("relyscope_")}
+    assert "ghost-sub" not in agents and "ghost-main" in agents

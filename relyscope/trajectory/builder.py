@@ -28,9 +28,12 @@ matters):
 
 - Root: the earliest agent span with ``is_nested=false``, else the earliest outermost agent/workflow
   span of the trace (its parent need not be collected: a remote parent is flagged
-  ``remote_parent``). If that span is itself explicitly nested (``is_nested=true``) the real root
-  is missing and a virtual root is used. Agent spans marked ``relyscope.trial.separate`` root
-  trials of their own; all other nested agents and handoffs are steps of the outer run.
+  ``remote_parent``) that is not explicitly nested (``is_nested=true``); when every outermost one
+  is, the real root is missing and a virtual root is used. Several runs in one trace are several
+  trials: every agent span with ``is_nested=false``, and every outermost agent span under the same
+  parent as the first root (sibling runs under one uncollected server span, or parentless runs
+  sharing a trace id). Agent spans marked ``relyscope.trial.separate`` root trials of their own;
+  all other nested agents and handoffs are steps of the outer run.
 - A span whose parent was never collected (a missing intermediate span) is re-attached, with its
   subtree, to the nearest known ancestor: the innermost trial root whose time interval contains
   it, else the main root; its steps (and the trial) are flagged ``reattached``.
@@ -143,12 +146,24 @@ def _plan_roots(spans: Spans) -> list[str]:
     candidates = explicit or [s for s in agentish if not has_agent_ancestor(s)]
     if not candidates:  # agent spans in a parent cycle: take them all
         candidates = agentish
-    main = min(candidates, key=lambda s: _order_key(spans, s))
-    if spans[main][1].is_nested is True:
+    tops = sorted((s for s in candidates if spans[s][1].is_nested is not True),
+                  key=lambda s: _order_key(spans, s))
+    if not tops:
         main = ""  # the outermost agent says it is nested: the real root never arrived
-    separate = sorted((s for s in agentish if s != main and spans[s][1].separate_trial),
-                      key=lambda s: _order_key(spans, s))
-    return [main, *separate]
+        siblings: list[str] = []
+    elif explicit:  # each agent span that says it is not nested is a run of its own
+        main, siblings = tops[0], tops[1:]
+    else:
+        # outermost runs under the same parent as the first (both under one uncollected server
+        # span, or both parentless: a session id reused as trace id) are sibling runs, one trial
+        # each (D06); an outermost agent elsewhere (under a missing intermediate span) stays a
+        # step of the run that contains it
+        main = tops[0]
+        p0 = spans[main][0].parent_span_id
+        siblings = [s for s in tops[1:] if spans[s][0].parent_span_id == p0 and spans[s][1].op is Op.AGENT
+                    and spans[main][1].op is Op.AGENT]
+    separate = set(siblings) | {s for s in agentish if s != main and spans[s][1].separate_trial}
+    return [main, *sorted(separate, key=lambda s: _order_key(spans, s))]
 
 
 def _attach(spans: Spans, roots: list[str]) -> tuple[dict[str, str], dict[str, int], set[str]]:
