@@ -414,3 +414,48 @@ def test_nested_agent_exported_before_its_root_leaves_no_ghost_group(sc):
     assert [g["agent"] for g in sc.report()["groups"] if g["agent"].startswith("ghost-")] == ["ghost-main"]
     agents = {dict(ls).get("agent") for (n, ls), _ in _counters(sc).items() if n.startswith("relyscope_")}
     assert "ghost-sub" not in agents and "ghost-main" in agents
+
+
+def test_d03_handoff_started_in_a_new_trace_is_stitched_to_the_run_it_continues(sc):
+    body = _case("D03")["requests"][0]["body"]
+    [resp] = _send_case(sc, "D03")
+    assert not resp.HasField("partial_success")
+    _flush(sc)
+    triage, billing = "0301abababababababababababababab", "0302abababababababababababababab"
+    trials = _trials_of(sc, [triage, billing])
+    assert len(trials) == 1  # one user request = one run of billing-42
+    [t] = trials
+    assert (t["trace_id"], t["root_span_id"], t["agent_name"]) == (triage, "0301cdcdcdcdcdcd", "triage-agent")
+    assert (t["task_id"], t["task_id_source"], t["outcome"]) == ("billing-42", "attribute", "success")
+    # the triage model call, the transfer, then the billing agent's model call, refund, model call
+    assert t["actions"][0] == "llm" and t["actions"][2:] == ["llm", "issue_refund", "llm"]
+    assert t["actions"][1] in ("transfer_to_billing_agent", "handoff:billing-agent")
+    assert "linked_continuation" in t["flags"]
+    assert t["span_count"] == len(_spans_of(body)) == 7
+    assert (t["model_calls"], t["input_tokens"], t["output_tokens"]) == (3, 1500, 120)  # 3 x (500, 40)
+    [refund] = [s for s in t["steps"] if s["action"] == "issue_refund"]
+    assert refund["arguments"] == {"invoice": "2026-05", "amount": 19.0}
+    assert not [g for g in sc.report()["groups"] if g["agent"] == "billing-agent"]
+
+
+def test_d21_evaluation_on_a_linked_evaluator_span_grades_the_run(sc):
+    body = _case("D21")["requests"][0]["body"]
+    [resp] = _send_case(sc, "D21")
+    assert not resp.HasField("partial_success")
+    _flush(sc)
+    run1, evaluator, run3 = ("2101abababababababababababababab", "2102abababababababababababababab",
+                             "2103abababababababababababababab")
+    trials = _trials_of(sc, [run1, evaluator, run3])
+    assert [t["trace_id"] for t in trials] == [run1, run3]  # the evaluator is not a trial
+    t1, t3 = trials
+    # run 1 has no outcome attribute: the evaluator's linked event (score 0.0) fails it
+    assert (t1["task_id"], t1["outcome"], t1["outcome_source"]) == ("eval-21", "failure",
+                                                                   "evaluation:task_success")
+    assert "linked_evaluation" in t1["flags"]
+    assert (t3["task_id"], t3["outcome"], t3["outcome_source"]) == ("eval-21", "success",
+                                                                   "evaluation:task_success")
+    [g] = [g for g in sc.report()["groups"] if g["agent"] == "support" and g["run_kind"] == "production"
+           and g["tasks"] == 1 and g["trials"] == 2] or [None]
+    assert g is not None, sc.report()["groups"]
+    sr = g["metrics"]["success_rate"]
+    assert sr["value"] == 0.5  # 1 success of 2 known outcomes

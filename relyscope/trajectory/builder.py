@@ -249,6 +249,7 @@ def assemble(
     *,
     complete: bool,
     revision: int = 1,
+    linked_evaluations: Mapping[str, tuple] | None = None,
 ) -> list[Trial]:
     """Build the trials of one trace from its spans (keyed by span id). Pure; arrival order of
     ``spans`` never changes the result.
@@ -257,6 +258,9 @@ def assemble(
     Without an agent/workflow root the trial is ``incomplete`` under a virtual root (flag
     ``missing_root``, trial id ``{trace_id}:virtual``, interval min(start)..max(end)). Returns []
     when the trace holds no model, tool or handoff span and no agent root (not an agent run).
+    ``linked_evaluations``: ``{span id: (Evaluation, …)}`` recorded elsewhere (an evaluator span in
+    another trace linking to that span, D21): added to the trial holding the span, flag
+    ``linked_evaluation``.
     """
     roots = _plan_roots(spans)
     if not roots[0] and len(roots) == 1:
@@ -273,6 +277,11 @@ def assemble(
     for i, root in enumerate(roots):
         t = _build_trial(trace_id, root, members[root], spans, reattached, depth, wrappers, tool_ids,
                          complete=complete and bool(root), revision=revision)
+        if linked_evaluations:
+            extra = [ev for sid in (root, *members[root]) for ev in linked_evaluations.get(sid, ())]
+            if extra:
+                t = replace(t, evaluations=t.evaluations + tuple(extra),
+                            flags=t.flags | {"linked_evaluation"})
         if i == 0 and len(roots) > 1 and not t.steps and t.outcome == "unknown":
             continue  # a wrapper around separate trials with nothing of its own
         trials.append(t)
@@ -313,6 +322,8 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
                               if spans[s][1].op is Op.TOOL and not spans[s][1].tool_call_id)
     for sid in ordered:
         span, sem = spans[sid]
+        if span.trace_id != trace_id:  # a continuation in a linked trace (D03)
+            flags.add("linked_continuation")
         if first_input is None and sem.first_user_input:
             first_input = sem.first_user_input
         if conversation is None and sem.conversation_id:
@@ -482,6 +493,14 @@ class TrajectoryBuilder:
         self._finalized: OrderedDict[str, float] = OrderedDict()  # trace id -> finalized_at
         self._evicted: OrderedDict[str, float] = OrderedDict()  # trace id -> evicted at
         self.replaced = 0  # spans that replaced a different span with the same ids
+        # D03: a run continued in a new trace tied back by a span link is assembled with the run
+        # it continues: continuation trace id -> (buffer trace id, linked span id, root span id)
+        self._alias: dict[str, tuple[str, str, str]] = {}
+        self._aliased_by: dict[str, set[str]] = {}
+        # D21: evaluations on spans of other traces pointing here by a span link:
+        # target trace -> {target span id: {evaluator (trace, span): evaluations}}
+        self._evals: dict[str, dict[str, dict[tuple[str, str], tuple]]] = {}
+        self._evals_seen: OrderedDict[str, float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -492,14 +511,25 @@ class TrajectoryBuilder:
         return len(self._open)
 
     def open_trace_ids(self) -> set[str]:
-        """Ids of traces with spans not yet finalized (a copy)."""
-        return set(self._open)
+        """Ids of traces with spans not yet finalized (a copy), continuation traces assembled with
+        an open trace included."""
+        out = set(self._open)
+        for tid in self._open:
+            out |= self._aliased_by.get(tid, set())
+        return out
+
+    def _canon(self, trace_id: str) -> str:
+        """The trace id whose buffer holds this trace's spans (itself unless a continuation)."""
+        a = self._alias.get(trace_id)
+        return a[0] if a else trace_id
 
     def _due_at(self, tr: _Trace) -> float:
         return tr.last_seen + (self.grace_s if tr.root_candidates else self.root_timeout_s)
 
     def knows(self, trace_id: str) -> bool:
         """Whether this builder holds (or has evicted) state for the trace since it started."""
+        if trace_id in self._alias:
+            return True
         tr = self._traces.get(trace_id)
         return bool(tr is not None and tr.spans) or trace_id in self._evicted
 
@@ -507,6 +537,7 @@ class TrajectoryBuilder:
         """Declare trials already stored for a trace (by an earlier process), so that
         re-finalizing it tombstones any of them it no longer produces. Call before :meth:`add`
         of the trace's stored spans."""
+        trace_id = self._canon(trace_id)
         tr = self._traces.get(trace_id)
         if tr is None:
             tr = self._traces[trace_id] = _Trace(dirty=False)
@@ -523,7 +554,17 @@ class TrajectoryBuilder:
             # span's memory) are already in ``sem`` and in the store
             if span.attributes or span.events:
                 span = dataclasses.replace(span, attributes=_NO_ATTRS, events=())
+            if span.links:
+                if sem.evaluations and sem.op not in _AGENTISH:
+                    self._link_evaluations(span, sem, touched, now)
+                if (sem.op is Op.AGENT and not span.parent_span_id and span.trace_id not in self._alias):
+                    self._continue(span, touched)
             tid = span.trace_id
+            al = self._alias.get(tid)
+            if al is not None:
+                tid = al[0]
+                if span.span_id == al[2]:  # the continuation's root hangs under the linked span
+                    span = dataclasses.replace(span, parent_span_id=al[1])
             tr = touched.get(tid) or self._traces.get(tid)
             if tr is None:
                 if tid in self._evicted:
@@ -552,6 +593,63 @@ class TrajectoryBuilder:
             heapq.heappush(self._due, (self._due_at(tr), next(self._seq), tid))
         return new
 
+    def _link_evaluations(self, span: CanonicalSpan, sem: SpanSemantics, touched: dict, now: float) -> None:
+        """D21: an evaluator span whose evaluations point at spans of other traces by span links:
+        remember them for those traces (re-finalizing a trace already assembled)."""
+        for lt, ls in span.links:
+            if lt == span.trace_id:
+                continue
+            target = self._canon(lt)
+            per_span = self._evals.setdefault(target, {}).setdefault(ls, {})
+            if per_span.get(span.key) == sem.evaluations:
+                continue  # a re-send
+            per_span[span.key] = sem.evaluations
+            self._evals_seen[target] = now
+            self._evals_seen.move_to_end(target)
+            tr = touched.get(target) or self._traces.get(target)
+            if tr is not None and tr.spans:
+                touched[target] = tr
+
+    def _continue(self, span: CanonicalSpan, touched: dict) -> None:
+        """D03: a parentless agent span linked to a span of another trace starts a continuation
+        of that trace's run (a handoff that began a new trace): its trace is assembled with the
+        linked one, its root under the linked span. Not when the linked trace is already evicted
+        (it is then assembled on its own, as before)."""
+        link = next(((lt, ls) for lt, ls in span.links if lt != span.trace_id), None)
+        if link is None:
+            return
+        target = self._canon(link[0])
+        own = span.trace_id
+        if target == own or target in self._evicted or own in self._aliased_by:
+            return
+        self._alias[own] = (target, link[1], span.span_id)
+        self._aliased_by.setdefault(target, set()).add(own)
+        old = self._traces.pop(own, None)
+        touched.pop(own, None)
+        self._open.discard(own)
+        self._finalized.pop(own, None)
+        pending = self._evals.pop(own, None)
+        if pending:
+            dst = self._evals.setdefault(target, {})
+            for sid, per in pending.items():
+                dst.setdefault(sid, {}).update(per)
+        tr = self._traces.get(target)
+        if old is None:
+            return
+        if tr is None:
+            tr = self._traces[target] = _Trace()
+        for sid, (sp, sm) in old.spans.items():  # spans of the continuation that came first
+            if sid in tr.spans:
+                continue
+            if sid == span.span_id:
+                sp = dataclasses.replace(sp, parent_span_id=link[1])
+            tr.spans[sid] = (sp, sm)
+            if _is_root_candidate(sp, sm):
+                tr.root_candidates += 1
+        for k, t in old.emitted.items():  # its provisional trials are tombstoned on finalize
+            tr.emitted.setdefault(k, t)
+        touched[target] = tr
+
     def poll(self, now: float) -> list[Trial]:
         """Finalize what is due at ``now``; evict finalized traces past retention. Cost is
         proportional to the traces due, not to the traces buffered."""
@@ -569,11 +667,24 @@ class TrajectoryBuilder:
             del self._finalized[tid]
             self._traces.pop(tid, None)
             self._evicted[tid] = now
+            self._evals.pop(tid, None)
+            self._evals_seen.pop(tid, None)
+            for b in self._aliased_by.pop(tid, ()):
+                self._alias.pop(b, None)
+                self._evicted[b] = now  # a late span of the continuation is not assembled alone
         while self._evicted:
             tid, at = next(iter(self._evicted.items()))
             if now - at < self.retain_s:
                 break
             del self._evicted[tid]
+        # evaluations for traces never seen: kept retain_s, then dropped (bounded memory)
+        while self._evals_seen:
+            tid, at = next(iter(self._evals_seen.items()))
+            if now - at < self.retain_s:
+                break
+            del self._evals_seen[tid]
+            if tid not in self._traces:
+                self._evals.pop(tid, None)
         return out
 
     def flush(self, now: float = 0.0) -> list[Trial]:
@@ -583,6 +694,13 @@ class TrajectoryBuilder:
             out.extend(self._finalize(tid, self._traces[tid], now))
         return out
 
+    def _linked(self, tid: str) -> dict[str, tuple] | None:
+        per = self._evals.get(tid)
+        if not per:
+            return None
+        return {sid: tuple(ev for _, evs in sorted(by_src.items()) for ev in evs)
+                for sid, by_src in per.items()}
+
     def _finalize(self, tid: str, tr: _Trace, now: float) -> list[Trial]:
         tr.revision += 1
         tr.dirty = False
@@ -591,7 +709,8 @@ class TrajectoryBuilder:
         self._finalized[tid] = now
         self._finalized.move_to_end(tid)
         # completeness is structural: a trial is incomplete when its root is missing (virtual root)
-        trials = assemble(tid, tr.spans, complete=True, revision=tr.revision)
+        trials = assemble(tid, tr.spans, complete=True, revision=tr.revision,
+                          linked_evaluations=self._linked(tid))
         emitted = {_key(t): t for t in trials}
         tombstones = [
             replace(old, status=SUPERSEDED, steps=(), flags=frozenset({SUPERSEDED}), revision=tr.revision)
