@@ -208,7 +208,9 @@ class Trial:
     ``status`` is ``complete`` (root seen and ended), ``incomplete`` (root never arrived; scored
     for what it has, never mixed into success metrics) or ``superseded`` (a tombstone replacing
     the row of a provisional trial whose identity changed when its real root arrived; never read). ``wall_time_s`` in seconds, ``cost_usd``
-    in USD or None when no span reported cost, token counts are sums over model calls.
+    in USD or None when no span reported cost; token counts are sums over model calls (else over
+    the wrapping model call, else the agent span, where only those report usage), None when no span
+    reported any (flag ``partial_usage`` when only some model calls did: the sums are lower bounds).
     """
 
     trial_id: str
@@ -228,9 +230,9 @@ class Trial:
     start_ns: int
     end_ns: int
     steps: tuple[Step, ...]
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
+    input_tokens: int | None = None  # None: no span reported usage (unknown is not zero)
+    output_tokens: int | None = None
+    total_tokens: int | None = None
     cost_usd: float | None = None
     model_calls: int = 0
     tool_calls: int = 0

@@ -459,3 +459,61 @@ def test_d21_evaluation_on_a_linked_evaluator_span_grades_the_run(sc):
     assert g is not None, sc.report()["groups"]
     sr = g["metrics"]["success_rate"]
     assert sr["value"] == 0.5  # 1 success of 2 known outcomes
+
+
+# ---- unknown usage is not zero; usage on the agent span ------------------------------------------
+
+def _run(tid: str, task: str, *, usage: tuple[int, int] | None, agent_usage=None, cost=None,
+         agent: str = "usage-agent") -> dict:
+    """An agent run: root, one model call (with or without usage), one tool call; fixed timing."""
+    t0 = 1760000000_000000000
+    root_attrs = [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+                  {"key": "gen_ai.agent.name", "value": {"stringValue": agent}},
+                  {"key": "relyscope.task.id", "value": {"stringValue": task}},
+                  {"key": "relyscope.outcome", "value": {"stringValue": "success"}}]
+    if agent_usage:
+        root_attrs += [{"key": "gen_ai.usage.input_tokens", "value": {"intValue": str(agent_usage[0])}},
+                       {"key": "gen_ai.usage.output_tokens", "value": {"intValue": str(agent_usage[1])}}]
+    if cost is not None:
+        root_attrs.append({"key": "operation.cost", "value": {"doubleValue": cost}})
+    llm_attrs = [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                 {"key": "gen_ai.request.model", "value": {"stringValue": "m"}}]
+    if usage:
+        llm_attrs += [{"key": "gen_ai.usage.input_tokens", "value": {"intValue": str(usage[0])}},
+                      {"key": "gen_ai.usage.output_tokens", "value": {"intValue": str(usage[1])}}]
+    root = _span(tid, tid[:16], root_attrs, name=f"invoke_agent {agent}", kind=1,
+                 startTimeUnixNano=str(t0), endTimeUnixNano=str(t0 + 3 * 10**9))
+    llm = _span(tid, tid[16:24] + "00000001", llm_attrs, parentSpanId=tid[:16],
+                startTimeUnixNano=str(t0 + 10**8), endTimeUnixNano=str(t0 + 10**9))
+    tool = _span(tid, tid[16:24] + "00000002", [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+        {"key": "gen_ai.tool.name", "value": {"stringValue": "lookup"}}], name="execute_tool lookup",
+        kind=1, parentSpanId=tid[:16], startTimeUnixNano=str(t0 + 11 * 10**8),
+        endTimeUnixNano=str(t0 + 2 * 10**9))
+    return _body(root, llm, tool, service="usage-svc")
+
+
+def test_unknown_usage_stays_unknown_through_c_res(sc):
+    a, b = "5a" * 16, "5b" * 16
+    _ok(_post(sc, _run(a, "usage-task", usage=(100, 20))))
+    _ok(_post(sc, _run(b, "usage-task", usage=None)))
+    _flush(sc)
+    ta, tb = _trials_of(sc, [a]), _trials_of(sc, [b])
+    assert [(t["input_tokens"], t["output_tokens"], t["total_tokens"]) for t in ta] == [(100, 20, 120)]
+    assert [(t["input_tokens"], t["output_tokens"], t["total_tokens"]) for t in tb] == [(None, None, None)]
+    g = _group(sc, "usage-agent")
+    # identical runs (same wall time, 1 model call, 1 tool call, no errors); tokens known for one
+    # only (a single value: no CV), cost for none: every usable CV is 0, so C_res = exp(0) = 1.
+    # Counting the unknown run as 0 tokens would give CV(120, 0) = sqrt(2) over 4 resources:
+    # exp(-sqrt(2)/4) = 0.702.
+    assert g["metrics"]["C_res"]["value"] == pytest.approx(1.0)
+
+
+def test_usage_and_cost_on_the_agent_span_count_when_no_model_call_has_them(sc):
+    c = "5c" * 16
+    _ok(_post(sc, _run(c, "agent-usage-task", usage=None, agent_usage=(300, 30), cost=0.0042,
+                       agent="agent-usage-agent")))
+    _flush(sc)
+    [t] = _trials_of(sc, [c])
+    assert (t["input_tokens"], t["output_tokens"], t["total_tokens"]) == (300, 30, 330)
+    assert t["cost_usd"] == pytest.approx(0.0042)

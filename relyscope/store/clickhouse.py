@@ -117,7 +117,8 @@ SCHEMA = [
         outcome_source Nullable(String), outcome_score Nullable(Float64),
         claimed_success Nullable(Bool), confidence Nullable(Float64), conversation_id Nullable(String),
         start_time DateTime64(9), end_time DateTime64(9), wall_time_s Float64,
-        input_tokens UInt64, output_tokens UInt64, total_tokens UInt64, cost_usd Nullable(Float64),
+        input_tokens Nullable(UInt64), output_tokens Nullable(UInt64), total_tokens Nullable(UInt64),
+        cost_usd Nullable(Float64),
         model_calls UInt32, tool_calls UInt32, tool_errors UInt32,
         actions Array(String), steps String, flags Array(String),
         shadow_of Nullable(String), perturbation_family Nullable(String),
@@ -125,6 +126,10 @@ SCHEMA = [
         evaluations String DEFAULT '[]', version_ns UInt64
     ) ENGINE = ReplacingMergeTree(version_ns)
     ORDER BY (agent, version, run_kind, trial_id)""",
+    # tables made before token counts could be unknown (None, not 0): widen in place (idempotent)
+    "ALTER TABLE {db}.trials MODIFY COLUMN input_tokens Nullable(UInt64)",
+    "ALTER TABLE {db}.trials MODIFY COLUMN output_tokens Nullable(UInt64)",
+    "ALTER TABLE {db}.trials MODIFY COLUMN total_tokens Nullable(UInt64)",
     """CREATE TABLE IF NOT EXISTS {db}.outcomes (
         key String, key_kind LowCardinality(String), outcome LowCardinality(String),
         score Nullable(Float64), source String, verifier Bool, posted_at DateTime64(9)

@@ -302,12 +302,44 @@ def _step_action(sid: str, span: CanonicalSpan, sem: SpanSemantics, wrappers: se
     return None
 
 
+class _Usage:
+    """Token sums that stay None until a span reports a count (unknown is not zero)."""
+
+    __slots__ = ("input", "output", "total", "missing")
+
+    def __init__(self) -> None:
+        self.input: int | None = None
+        self.output: int | None = None
+        self.total: int | None = None
+        self.missing = 0  # spans added that reported no token count at all
+
+    @property
+    def known(self) -> bool:
+        return self.input is not None or self.output is not None or self.total is not None
+
+    def add(self, sem: SpanSemantics) -> None:
+        i, o, t = sem.input_tokens, sem.output_tokens, sem.total_tokens
+        if t is None and i is not None and o is not None:
+            t = i + o
+        if i is None and o is None and t is None:
+            self.missing += 1
+            return
+        if i is not None:
+            self.input = (self.input or 0) + i
+        if o is not None:
+            self.output = (self.output or 0) + o
+        if t is not None:
+            self.total = (self.total or 0) + t
+
+
 def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, reattached: set[str],
                  depth: dict[str, int], wrappers: set[str], tool_ids: set[str], *, complete: bool,
                  revision: int) -> Trial:
     steps: list[Step] = []
     flags: set[str] = set()
-    in_tok = out_tok = tot_tok = 0
+    usage = _Usage()  # model calls
+    fallback = _Usage()  # wrapping model calls, then agent spans: used only if no model call reports usage
+    agent_usage = _Usage()
     cost: float | None = None
     model_calls = tool_calls = tool_errors = 0
     outcome_sem: list[SpanSemantics] = []
@@ -332,6 +364,10 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         if any(v is not None for v in (sem.outcome, sem.confidence, sem.claimed_success)):
             outcome_sem.append(sem)
         action = _step_action(sid, span, sem, wrappers)
+        if sem.op is Op.LLM and sid in wrappers:
+            fallback.add(sem)
+        elif sem.op in _AGENTISH:
+            agent_usage.add(sem)
         if sem.cost_usd is not None and sem.op not in _AGENTISH and sid not in wrappers:
             cost = (cost or 0.0) + sem.cost_usd
         if action is None:
@@ -345,10 +381,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             sflags.add("end_before_start")
         if sem.op is Op.LLM:
             model_calls += 1
-            in_tok += sem.input_tokens or 0
-            out_tok += sem.output_tokens or 0
-            tot_tok += sem.total_tokens if sem.total_tokens is not None else (
-                (sem.input_tokens or 0) + (sem.output_tokens or 0))
+            usage.add(sem)
             unmatched = sum(1 for c in sem.requested_tool_calls if c not in tool_ids)
             if unmatched:
                 nxt = bisect.bisect_right(llm_starts, span.start_ns)
@@ -393,6 +426,9 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             flags.add("remote_parent")
         if rsem.cost_usd is not None and cost is None:
             cost = rsem.cost_usd
+        root_usage = _Usage()
+        root_usage.add(rsem)
+        agent_usage = root_usage if root_usage.known else agent_usage
         resource = rspan.resource
     else:
         rsem = SpanSemantics()
@@ -421,6 +457,15 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
     outcome = pick("outcome")
     if outcome not in ("success", "failure"):
         outcome = "unknown"
+    # unknown usage stays unknown (None), never 0: model calls' usage; else that of wrapping model
+    # calls (a Vercel AI SDK outer span); else the agent span's (Claude Agent SDK via Logfire)
+    for u in (usage, fallback, agent_usage):
+        if u.known:
+            break
+    else:
+        u = usage
+    if u is usage and usage.missing and usage.known:
+        flags.add("partial_usage")  # some model calls reported no usage: the sums are lower bounds
     steps.sort(key=lambda s: (s.start_ns, s.end_ns, s.span_id))
     return Trial(
         trial_id=str(rsem.trial_id) if rsem.trial_id else f"{trace_id}:{root or 'virtual'}",
@@ -432,7 +477,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         outcome_score=pick("outcome_score"), claimed_success=pick("claimed_success"),
         confidence=pick("confidence"), conversation_id=conversation,
         start_ns=start, end_ns=end, steps=tuple(steps),
-        input_tokens=in_tok, output_tokens=out_tok, total_tokens=tot_tok, cost_usd=cost,
+        input_tokens=u.input, output_tokens=u.output, total_tokens=u.total, cost_usd=cost,
         model_calls=model_calls, tool_calls=tool_calls, tool_errors=tool_errors,
         status="complete" if complete else "incomplete", flags=frozenset(flags),
         shadow_of=rsem.shadow_of, perturbation_family=rsem.perturbation_family,

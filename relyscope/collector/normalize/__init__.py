@@ -85,6 +85,8 @@ _LABEL_ORDER: Final[tuple[ModuleType, ...]] = (
 _EXCEPTION_EVENT: Final = "exception"
 _EXCEPTION_TYPE: Final = "exception.type"
 _SESSION_ID: Final = "session.id"
+#: Logfire's cost attribute (Claude Agent SDK / pydantic-ai through Logfire put it on the agent span)
+_OPERATION_COST: Final = "operation.cost"
 _G = CONVENTIONS["genai"].attrs
 _EVAL_EVENT: Final = _G["evaluation_event"][0]
 _EVAL_NAME: Final = _G["evaluation_name"][0]
@@ -160,6 +162,10 @@ def _normalize(span: CanonicalSpan) -> SpanSemantics:
         sid = as_str(span.attributes.get(_SESSION_ID))
         if sid:
             fields["conversation_id"] = sid
+    if "cost_usd" not in fields:
+        cost = as_float(span.attributes.get(_OPERATION_COST))
+        if cost is not None and cost >= 0:
+            fields["cost_usd"] = cost
     if span.events:
         evaluations = _evaluations(span.events)
         if evaluations:

@@ -289,7 +289,7 @@ _CONTENT: Final = frozenset({
     "response_tool_calls", "input", "output", "prompt_event_attr",
 })
 # Read by the normalizers outside the table (relyscope.collector.normalize.__init__) or by the scorers.
-_EXTRA_SCORING: Final = ("session.id", sc.ERROR_TYPE, "exception.type", "exception.message",
+_EXTRA_SCORING: Final = ("session.id", "operation.cost", sc.ERROR_TYPE, "exception.type", "exception.message",
                          sc.GEN_AI_SYSTEM_INSTRUCTIONS, "gen_ai.response.id", "gen_ai.agent.description")
 
 
