@@ -166,6 +166,8 @@ class SpanSemantics:
     evaluations: tuple[Evaluation, ...] = ()
     first_user_input: str | None = None  # for the task fingerprint (metrics.md §1)
     requested_tool_calls: tuple[str, ...] = ()  # tool call ids a model call asked for
+    #: (call id, tool name, arguments) of the calls a model call asked for, where its output says
+    requested_tools: tuple[tuple[str, str | None, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

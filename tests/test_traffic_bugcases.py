@@ -517,3 +517,75 @@ def test_usage_and_cost_on_the_agent_span_count_when_no_model_call_has_them(sc):
     [t] = _trials_of(sc, [c])
     assert (t["input_tokens"], t["output_tokens"], t["total_tokens"]) == (300, 30, 330)
     assert t["cost_usd"] == pytest.approx(0.0042)
+
+
+# ---- D15: tool calls the model asked for are graded without a tool span; MCP -------------------
+
+@pytest.fixture(scope="module")
+def policy_sc(tmp_path_factory):
+    """A sidecar with D15's safety policy (forbidden delete_account, critical)."""
+    d = tmp_path_factory.mktemp("policy")
+    pol = d / "policy.yaml"
+    pol.write_text(_case("D15")["sidecar"]["policy"])
+    s = start_sidecar(d, extra_env={"RELYSCOPE_POLICY_FILE": str(pol)})
+    try:
+        yield s
+    finally:
+        _stop(s)
+
+
+def test_d15_client_side_tool_without_tool_span_is_graded_by_the_policy(policy_sc):
+    sc = policy_sc
+    [resp] = _send_case(sc, "D15")
+    assert not resp.HasField("partial_success")
+    _flush(sc)
+    client, server = "1501abababababababababababababab", "1502abababababababababababababab"
+    t1, t2 = _trials_of(sc, [client, server])
+    assert (t1["trace_id"], t2["trace_id"]) == (client, server)
+    # both runs asked for delete_account; only run 2 has the ai.toolCall span
+    assert t1["actions"] == t2["actions"] == ["llm", "delete_account"]
+    [step1] = [s for s in t1["steps"] if s["action"] == "delete_account"]
+    assert step1["tool_call_id"] == "call_del1" and set(step1["flags"]) == {"missing_tool_span", "client_side"}
+    assert step1["arguments"] == {"user_id": "u-123"}
+    assert t1["tool_calls"] == t2["tool_calls"] == 1
+    g = _group(sc, "account-bot")
+    [v] = [v for v in g["violations"] if v["rule"] == "no-account-deletion"]
+    assert v["trials"] == 2 and v["attempted"] + v["committed"] == 2  # one per run, as for run 2
+    assert g["metrics"]["S_comp"]["value"] == 0.0  # both runs violate a critical rule
+
+
+def _mcp_run(tid: str, *, is_error: bool) -> dict:
+    """An agent run whose one tool call is seen by the MCP client span and the server span."""
+    t0 = 1760000000_000000000
+    root = _span(tid, tid[:16], [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+        {"key": "gen_ai.agent.name", "value": {"stringValue": "mcp-agent"}},
+        {"key": "relyscope.task.id", "value": {"stringValue": "mcp-task"}}],
+        name="invoke_agent mcp-agent", kind=1, startTimeUnixNano=str(t0), endTimeUnixNano=str(t0 + 10**9))
+    result = json.dumps({"content": [{"type": "text", "text": "no such file"}], "isError": is_error})
+
+    def tools_call(sid, parent, kind, extra):
+        return _span(tid, sid, [
+            {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+            {"key": "mcp.method.name", "value": {"stringValue": "tools/call"}},
+            {"key": "gen_ai.tool.name", "value": {"stringValue": "read_file"}}, *extra],
+            name="tools/call read_file", kind=kind, parentSpanId=parent,
+            startTimeUnixNano=str(t0 + 10**8), endTimeUnixNano=str(t0 + 5 * 10**8))
+    client = tools_call(tid[16:24] + "00000001", tid[:16], 3,
+                        [{"key": "gen_ai.tool.call.id", "value": {"stringValue": "call_m1"}}])
+    server = tools_call(tid[16:24] + "00000002", client["spanId"], 2,
+                        [{"key": "gen_ai.tool.call.result", "value": {"stringValue": result}}])
+    return _body(root, client, server, service="mcp-svc")
+
+
+@pytest.mark.parametrize("is_error", [False, True])
+def test_mcp_client_and_server_spans_are_one_tool_call_and_is_error_fails_it(sc, is_error):
+    tid = ("7e" if is_error else "7d") * 16
+    _ok(_post(sc, _mcp_run(tid, is_error=is_error)))
+    _flush(sc)
+    [t] = _trials_of(sc, [tid])
+    assert t["actions"] == ["read_file"] and t["tool_calls"] == 1
+    [step] = t["steps"]
+    assert step["span_id"] == tid[16:24] + "00000001"  # the client span (the agent's view)
+    assert t["tool_errors"] == (1 if is_error else 0)
+    assert step["error"] == ("tool_error" if is_error else None)

@@ -243,6 +243,24 @@ def _llm_wrappers(spans: Spans) -> set[str]:
     return out
 
 
+def _tool_pairs(spans: Spans) -> dict[str, str]:
+    """One tool call seen twice — an MCP client span and the server span under it (``tools/call
+    <name>``), or any tool span directly wrapping a tool span of the same name: ``{inner span id:
+    outer span id}``. The outer (the agent's own view, with the call id the model asked for) is
+    the step; the inner adds its error when the outer has none."""
+    out: dict[str, str] = {}
+    for sid, (span, sem) in spans.items():
+        if sem.op is not Op.TOOL:
+            continue
+        p = span.parent_span_id
+        if p in spans:
+            psem = spans[p][1]
+            if psem.op is Op.TOOL and p != sid and (psem.tool_name or spans[p][0].name) == (
+                    sem.tool_name or span.name):
+                out[sid] = p
+    return out
+
+
 def assemble(
     trace_id: str,
     spans: Spans,
@@ -268,6 +286,7 @@ def assemble(
             return []
     owner, depth, reattached = _attach(spans, roots)
     wrappers = _llm_wrappers(spans)
+    pairs = _tool_pairs(spans)
     tool_ids = {sem.tool_call_id for _, sem in spans.values() if sem.op is Op.TOOL and sem.tool_call_id}
     members: dict[str, list[str]] = {r: [] for r in roots}
     for sid, o in owner.items():
@@ -276,7 +295,7 @@ def assemble(
     trials = []
     for i, root in enumerate(roots):
         t = _build_trial(trace_id, root, members[root], spans, reattached, depth, wrappers, tool_ids,
-                         complete=complete and bool(root), revision=revision)
+                         complete=complete and bool(root), revision=revision, pairs=pairs)
         if linked_evaluations:
             extra = [ev for sid in (root, *members[root]) for ev in linked_evaluations.get(sid, ())]
             if extra:
@@ -334,7 +353,7 @@ class _Usage:
 
 def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, reattached: set[str],
                  depth: dict[str, int], wrappers: set[str], tool_ids: set[str], *, complete: bool,
-                 revision: int) -> Trial:
+                 revision: int, pairs: Mapping[str, str] | None = None) -> Trial:
     steps: list[Step] = []
     flags: set[str] = set()
     usage = _Usage()  # model calls
@@ -347,6 +366,8 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
     first_input: str | None = None
     conversation: str | None = None
     ordered = sorted(members, key=lambda s: _order_key(spans, s))
+    inner_error = {outer: spans[inner][1].error_type for inner, outer in (pairs or {}).items()
+                   if spans[inner][1].error_type}
     # model calls of this trial, and tool spans that carry no call id (OpenLLMetry, …): those can
     # answer the requests of the model call right before them (until the next model call)
     llm_starts = [spans[s][0].start_ns for s in ordered if spans[s][1].op is Op.LLM and s not in wrappers]
@@ -364,6 +385,8 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         if any(v is not None for v in (sem.outcome, sem.confidence, sem.claimed_success)):
             outcome_sem.append(sem)
         action = _step_action(sid, span, sem, wrappers)
+        if pairs and sid in pairs:
+            action = None  # the server side of a tool call whose client span is the step
         if sem.op is Op.LLM and sid in wrappers:
             fallback.add(sem)
         elif sem.op in _AGENTISH:
@@ -379,10 +402,12 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             sflags.add("unended")
         elif "end_before_start" in span.flags:
             sflags.add("end_before_start")
+        requested_only: list[str] = []
         if sem.op is Op.LLM:
             model_calls += 1
             usage.add(sem)
-            unmatched = sum(1 for c in sem.requested_tool_calls if c not in tool_ids)
+            unmatched_ids = [c for c in sem.requested_tool_calls if c not in tool_ids]
+            unmatched = len(unmatched_ids)
             if unmatched:
                 nxt = bisect.bisect_right(llm_starts, span.start_ns)
                 until = llm_starts[nxt] if nxt < len(llm_starts) else None
@@ -391,8 +416,11 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
                       else len(anon_tool_starts))
                 if hi - lo < unmatched:
                     sflags.add("missing_tool_span")
+                    requested_only = unmatched_ids[hi - lo:]
         elif sem.op is Op.TOOL:
             tool_calls += 1
+            if sem.error_type is None and inner_error.get(sid):
+                sem = replace(sem, error_type=inner_error[sid])
             if sem.error_type:
                 tool_errors += 1
         flags |= sflags
@@ -407,6 +435,23 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             output_tokens=sem.output_tokens, cost_usd=sem.cost_usd, flags=frozenset(sflags),
             fault_type=sem.fault_type,
         ))
+        if requested_only:
+            # D15: calls the model asked for that no tool span shows (a client-side tool) are
+            # still steps, right after the request, so the policy grades them
+            asked = {c[0]: c for c in sem.requested_tools}
+            for cid in requested_only:
+                req = asked.get(cid)
+                if req is None or not req[1]:
+                    continue
+                tool_calls += 1
+                cflags = frozenset({"missing_tool_span", "client_side"})
+                flags |= cflags
+                steps.append(Step(
+                    span_id=sid, parent_span_id=span.parent_span_id, action=req[1], op=Op.TOOL,
+                    name=span.name, start_ns=span.end_ns, end_ns=span.end_ns,
+                    depth=depth.get(sid, 1), tool_name=req[1], tool_call_id=cid, arguments=req[2],
+                    flags=cflags,
+                ))
 
     if root:
         rspan, rsem = spans[root]
