@@ -589,3 +589,95 @@ def test_mcp_client_and_server_spans_are_one_tool_call_and_is_error_fails_it(sc,
     assert step["span_id"] == tid[16:24] + "00000001"  # the client span (the agent's view)
     assert t["tool_errors"] == (1 if is_error else 0)
     assert step["error"] == ("tool_error" if is_error else None)
+
+
+# ---- agent names from the framework's own record; causal step order under clock skew -------------
+
+def _oi(tid: str, sid: str, name: str, kind: str, parent: str = "", start=0, end=9, scope="x", **attrs):
+    a = [{"key": "openinference.span.kind", "value": {"stringValue": kind}}]
+    a += [{"key": k.replace("__", "."), "value": {"stringValue": v} if isinstance(v, str) else {"intValue": str(v)}}
+          for k, v in attrs.items()]
+    sp = _span(tid, sid, a, name=name, kind=1, startTimeUnixNano=str(1760000000_000000000 + start * 10**8),
+               endTimeUnixNano=str(1760000000_000000000 + end * 10**8))
+    if parent:
+        sp["parentSpanId"] = parent
+    return sp
+
+
+def _scoped(spans: list[dict], scope: str, service: str) -> dict:
+    b = _body(*spans, service=service)
+    b["resourceSpans"][0]["scopeSpans"][0]["scope"] = {"name": scope}
+    return b
+
+
+def test_agent_name_comes_from_the_framework_not_the_service(sc):
+    scope = "openinference.instrumentation.openai_agents"
+    bodies = []
+    for i, agent in enumerate(["Triage agent", "Billing agent"]):
+        tid = f"8{i}" * 16
+        root = _oi(tid, tid[:16], "Agent workflow", "AGENT", end=9)  # the bridge's parentless root
+        inner = _oi(tid, tid[16:24] + "00000001", agent, "AGENT", parent=tid[:16], start=1, end=8)
+        llm = _oi(tid, tid[16:24] + "00000002", "response", "LLM", parent=inner["spanId"], start=2, end=3,
+                  llm__model_name="gpt-4o")
+        bodies.append((tid, _scoped([root, inner, llm], scope, "agents-svc")))
+    # LangGraph (OpenInference LangChain): a named graph is the agent; the default name is not
+    for i, graph in enumerate(["weather-graph", "LangGraph"]):
+        tid = f"9{i}" * 16
+        root = _oi(tid, tid[:16], graph, "CHAIN", end=9)
+        llm = _oi(tid, tid[16:24] + "00000001", "ChatOpenAI", "LLM", parent=tid[:16], start=1, end=2,
+                  llm__model_name="gpt-4o")
+        bodies.append((tid, _scoped([root, llm], "openinference.instrumentation.langchain", "graph-svc")))
+    for _, b in bodies:
+        _ok(_post(sc, b))
+    _flush(sc)
+    names = [t["agent_name"] for tid, _ in bodies for t in _trials_of(sc, [tid])]
+    assert names == ["Triage agent", "Billing agent", "weather-graph", "graph-svc"]
+    agents = {g["agent"] for g in sc.report()["groups"]}
+    assert {"Triage agent", "Billing agent"} <= agents and "agents-svc" not in agents
+
+
+def _skew_run(tid: str, tool_skew_s: float) -> dict:
+    """root 0–5 s; chat 0.1–1.0 s asks for call id <tid>-1; the tool (another service, its clock
+    ``tool_skew_s`` behind) ran 1.1–2.0 s; chat 2.1–3.0 s."""
+    t0 = 1760000000_000000000
+
+    def at(s):
+        return str(t0 + int(s * 1e9))
+    call = f"call-{tid[:6]}"
+    root = _span(tid, tid[:16], [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+        {"key": "gen_ai.agent.name", "value": {"stringValue": "skew-agent"}},
+        {"key": "relyscope.task.id", "value": {"stringValue": "skew-task"}},
+        {"key": "relyscope.outcome", "value": {"stringValue": "success"}}],
+        name="invoke_agent skew-agent", kind=1, startTimeUnixNano=at(0), endTimeUnixNano=at(5))
+    out = json.dumps([{"role": "assistant", "parts": [{"type": "tool_call", "id": call, "name": "lookup",
+                                                       "arguments": {}}]}])
+    llm1 = _span(tid, tid[16:24] + "00000001", [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+        {"key": "gen_ai.output.messages", "value": {"stringValue": out}}],
+        parentSpanId=tid[:16], startTimeUnixNano=at(0.1), endTimeUnixNano=at(1.0))
+    tool = _span(tid, tid[16:24] + "00000002", [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+        {"key": "gen_ai.tool.name", "value": {"stringValue": "lookup"}},
+        {"key": "gen_ai.tool.call.id", "value": {"stringValue": call}}],
+        name="execute_tool lookup", kind=2, parentSpanId=tid[:16],
+        startTimeUnixNano=at(1.1 - tool_skew_s), endTimeUnixNano=at(2.0 - tool_skew_s))
+    llm2 = _span(tid, tid[16:24] + "00000003", [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}],
+        parentSpanId=tid[:16], startTimeUnixNano=at(2.1), endTimeUnixNano=at(3.0))
+    return _body(root, llm1, tool, llm2, service="skew-svc")
+
+
+def test_step_order_follows_causality_under_clock_skew(sc):
+    # on time; 1.5 s behind (the tool "starts" before its parent run: -0.4 s); 1.05 s behind
+    # (0.05 s: inside the run, but before the model call that asked for it)
+    runs = {"ab" * 16: 0.0, "ac" * 16: 1.5, "ad" * 16: 1.05}
+    for tid, skew in runs.items():
+        _ok(_post(sc, _skew_run(tid, skew)))
+    _flush(sc)
+    for tid in runs:
+        [t] = _trials_of(sc, [tid])
+        # by raw start times both skewed runs would read lookup, llm, llm
+        assert t["actions"] == ["llm", "lookup", "llm"], (tid, t["actions"])
+    g = _group(sc, "skew-agent")
+    assert g["metrics"]["C_traj"]["value"] == pytest.approx(1.0)  # identical trajectories

@@ -38,7 +38,15 @@ matters):
   subtree, to the nearest known ancestor: the innermost trial root whose time interval contains
   it, else the main root; its steps (and the trial) are flagged ``reattached``.
 - Steps: innermost model calls (``llm``), tool calls (tool name), handoffs (``handoff:<agent>``),
-  control decisions (``decision:<state>``) in (start, end, span id) order (metrics.md §3). A model
+  control decisions (``decision:<state>``) in (start, end, span id) order (metrics.md §3),
+  corrected by causality where clocks disagree: a subtree that starts before its parent is shifted
+  into the parent's interval, and a tool call never precedes the end of the model call that asked
+  for it (:func:`_causal_key`). A tool call the model asked for that no tool span shows (a
+  client-side tool) is a step of its own (flags ``missing_tool_span``, ``client_side``); an MCP
+  client span and the server span under it (same tool) are one tool call.
+- Agent name: ``gen_ai.agent.name`` of the root, else the first nested agent's name (the OpenAI
+  Agents SDK bridges name agent spans, not the workflow root), else the root span's name without
+  its convention prefix unless a framework default (``LangGraph``), else ``service.name``. A model
   call that requested tool-call ids with no matching tool span in the trace is flagged
   ``missing_tool_span`` (tool spans without a call id, as OpenLLMetry emits, answer the requests of
   the model call they follow, up to the next model call, by count); a span exported without an end (``raw_end_ns == 0``, decoder flag
@@ -321,6 +329,95 @@ def _step_action(sid: str, span: CanonicalSpan, sem: SpanSemantics, wrappers: se
     return None
 
 
+#: Span names frameworks give every run (no agent identity in them).
+_GENERIC_RUN_NAMES = frozenset({"langgraph", "agent workflow", "agentexecutor", "runnablesequence",
+                                "invoke_agent", "invoke_workflow", "agent run", "workflow", "agent"})
+_RUN_NAME_PREFIXES = ("invoke_agent ", "invoke_workflow ", "agent run: ", "agent run ")
+
+
+def _framework_agent_name(root: str, ordered: list[str], spans: Spans) -> str | None:
+    """The agent's own name where its framework records it and the root carries no
+    ``gen_ai.agent.name``: the entry agent (the first nested agent span with a name: the OpenAI
+    Agents SDK bridges name agent spans, not the workflow root), else the root span's name without
+    its convention prefix (``invoke_agent X``, Logfire's ``Agent run: 'X'``, a named LangGraph
+    graph) unless it is a framework default (``LangGraph``, ``Agent workflow``)."""
+    for sid in ordered:
+        sem = spans[sid][1]
+        if sem.op is Op.AGENT and sem.agent_name:
+            return sem.agent_name
+    if not root or spans[root][1].op not in _AGENTISH:
+        return None
+    name = spans[root][0].name.strip()
+    low = name.lower()
+    for p in _RUN_NAME_PREFIXES:
+        if low.startswith(p):
+            name = name[len(p):].strip().strip("'\"")
+            break
+    if not name or name.lower() in _GENERIC_RUN_NAMES:
+        return None
+    return name
+
+
+def _causal_key(steps: list[Step], spans: Spans, members: list[str]):
+    """Sort key of steps: start order, corrected by what causality says where clocks disagree
+    (a client and a service with skewed clocks): a span's subtree is shifted into its parent's
+    interval when it starts before its parent (or ends after it), and a tool call never sorts
+    before the end of the model call that requested it (matched by call id). Only the order
+    changes; the steps keep their recorded times."""
+    shift: dict[str, int] = {}
+
+    def shift_of(sid: str) -> int:
+        path: list[str] = []
+        seen: set[str] = set()
+        cur = sid
+        while cur in spans and cur not in shift and cur not in seen:
+            path.append(cur)
+            seen.add(cur)
+            cur = spans[cur][0].parent_span_id
+        for n in reversed(path):  # top first: each parent is resolved before its child
+            span = spans[n][0]
+            p = span.parent_span_id
+            if p not in shift or p not in spans:
+                shift[n] = 0
+                continue
+            ps, pshift = spans[p][0], shift[p]
+            d = 0
+            if ps.start_ns > 0 and span.start_ns > 0:
+                lo, hi = ps.start_ns + pshift, ps.end_ns + pshift
+                st, en = span.start_ns + pshift, span.end_ns + pshift
+                if st < lo:
+                    d = lo - st
+                elif en > hi and ps.raw_end_ns is None:
+                    d = max(hi - en, lo - st)
+            shift[n] = pshift + d
+        return shift.get(sid, 0)
+
+    requested_by: dict[str, str] = {}
+    repeated: set[str] = set()
+    for sid in members:
+        sem = spans[sid][1]
+        if sem.op is Op.LLM:
+            for c in sem.requested_tool_calls:
+                if c in requested_by and requested_by[c] != sid:
+                    repeated.add(c)
+                requested_by.setdefault(c, sid)
+    for c in repeated:  # an id several model calls asked for says nothing about which one
+        del requested_by[c]
+
+    def key(st: Step) -> tuple:
+        sh = shift_of(st.span_id) if st.span_id in spans else 0
+        start, end = st.start_ns + sh, st.end_ns + sh
+        if st.op is Op.TOOL and st.tool_call_id and "client_side" not in st.flags:
+            req = requested_by.get(st.tool_call_id)
+            if req is not None and req != st.span_id:
+                r_end = spans[req][0].end_ns + shift_of(req)
+                if start < r_end:
+                    start, end = r_end, max(end, r_end)
+        return (start, end, st.span_id, "client_side" in st.flags)
+
+    return key
+
+
 class _Usage:
     """Token sums that stay None until a span reports a count (unknown is not zero)."""
 
@@ -511,11 +608,12 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         u = usage
     if u is usage and usage.missing and usage.known:
         flags.add("partial_usage")  # some model calls reported no usage: the sums are lower bounds
-    steps.sort(key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    steps.sort(key=_causal_key(steps, spans, members))
     return Trial(
         trial_id=str(rsem.trial_id) if rsem.trial_id else f"{trace_id}:{root or 'virtual'}",
         trace_id=trace_id, root_span_id=root, task_id=task_id, task_id_source=task_src,
-        agent_name=str(rsem.agent_name or resource.get("service.name") or "unknown"),
+        agent_name=str(rsem.agent_name or _framework_agent_name(root, ordered, spans)
+                       or resource.get("service.name") or "unknown"),
         agent_version=str(rsem.agent_version or resource.get("service.version") or "unknown"),
         run_kind=str(rsem.run_kind or "production"),
         outcome=outcome, outcome_source=pick("outcome_source") if outcome != "unknown" else None,
