@@ -468,8 +468,10 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
     # model calls of this trial, and tool spans that carry no call id (OpenLLMetry, …): those can
     # answer the requests of the model call right before them (until the next model call)
     llm_starts = [spans[s][0].start_ns for s in ordered if spans[s][1].op is Op.LLM and s not in wrappers]
+    # (a handoff answers the transfer_to_<agent> tool call the model made: the OpenAI Agents SDK)
     anon_tool_starts = sorted(spans[s][0].start_ns for s in ordered
-                              if spans[s][1].op is Op.TOOL and not spans[s][1].tool_call_id)
+                              if spans[s][1].op in (Op.TOOL, Op.HANDOFF) and not spans[s][1].tool_call_id
+                              and not (pairs and s in pairs))
     for sid in ordered:
         span, sem = spans[sid]
         if span.trace_id != trace_id:  # a continuation in a linked trace (D03)

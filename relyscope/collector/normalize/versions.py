@@ -143,6 +143,22 @@ CONVENTIONS: Final[Mapping[str, ConventionSpec]] = MappingProxyType(
                 "logfire_to_agent": ("to_agent",),
                 "logfire_triggered": ("triggered",),
                 "logfire_name": ("name",),
+                # Logfire's own OpenAI Agents integration (logfire.instrument_openai_agents): no
+                # ``type`` attribute; the span *name* is the message template
+                "lf_template": ("logfire.msg_template",),
+                "lf_trace_name": ("OpenAI Agents trace: {name}",),
+                "lf_task_prefix": ("Task: ",),
+                "lf_agent_name": ("Agent run: {name!r}",),
+                "lf_turn_prefix": ("Turn {turn} for agent ",),
+                "lf_function_name": ("Function: {name}",),
+                "lf_handoff_name": ("Handoff: {from_agent} → {to_agent}",),
+                "lf_guardrail_prefix": ("Guardrail {name!r}",),
+                "lf_model_prefixes": ("Responses API with ", "Chat completion with "),
+                "lf_input": ("input",),
+                "lf_output": ("output",),
+                "lf_error": ("error",),
+                "lf_events": ("events",),
+                "lf_from_agent": ("from_agent",),
             },
         ),
         "adk": _spec(
@@ -278,7 +294,8 @@ _NOT_KEYS: Final = frozenset({
     "op_handoff", "op_guardrail", "oi_scope", "oi_handoff_name_prefix", "system_value", "scope",
     "sdk_name_value", "scope_prefix", "llm_operations", "user_message_event", "choice_event",
     "evaluation_event", "prompt_event", "input_messages_prefix", "output_messages_prefix",
-    "prompt_prefix", "completion_prefix",
+    "prompt_prefix", "completion_prefix", "lf_trace_name", "lf_task_prefix", "lf_agent_name",
+    "lf_turn_prefix", "lf_function_name", "lf_handoff_name", "lf_guardrail_prefix", "lf_model_prefixes",
 })
 # Table fields holding message / tool content: read by the normalizers, but the bulk a length
 # limit is there to cut.
@@ -286,7 +303,7 @@ _CONTENT: Final = frozenset({
     "tool_arguments", "tool_result", "input_messages", "output_messages", "tool_call_arguments",
     "input_value", "output_value", "entity_input", "entity_output", "tool_call_args",
     "tool_response", "llm_request", "llm_response", "prompt", "prompt_messages",
-    "response_tool_calls", "input", "output", "prompt_event_attr",
+    "response_tool_calls", "input", "output", "prompt_event_attr", "lf_input", "lf_output", "lf_events",
 })
 # Read by the normalizers outside the table (relyscope.collector.normalize.__init__) or by the scorers.
 _EXTRA_SCORING: Final = ("session.id", "operation.cost", sc.ERROR_TYPE, "exception.type", "exception.message",
