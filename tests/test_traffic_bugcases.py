@@ -681,3 +681,108 @@ def test_step_order_follows_causality_under_clock_skew(sc):
         assert t["actions"] == ["llm", "lookup", "llm"], (tid, t["actions"])
     g = _group(sc, "skew-agent")
     assert g["metrics"]["C_traj"]["value"] == pytest.approx(1.0)  # identical trajectories
+
+
+# ---- OTLP logs and metrics ------------------------------------------------------------------------
+
+def _eval_run(tid: str, agent: str) -> dict:
+    t0 = 1760000000_000000000
+    root = _span(tid, tid[:16], [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+        {"key": "gen_ai.agent.name", "value": {"stringValue": agent}},
+        {"key": "relyscope.task.id", "value": {"stringValue": "logs-task"}}],
+        name=f"invoke_agent {agent}", kind=1, startTimeUnixNano=str(t0), endTimeUnixNano=str(t0 + 10**9))
+    llm = _span(tid, tid[16:24] + "00000001", [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}], parentSpanId=tid[:16],
+        startTimeUnixNano=str(t0 + 10**8), endTimeUnixNano=str(t0 + 5 * 10**8))
+    return _body(root, llm, service="logs-svc")
+
+
+def _eval_attrs(score: float, label: str) -> list[dict]:
+    return [{"key": "gen_ai.evaluation.name", "value": {"stringValue": "task_success"}},
+            {"key": "gen_ai.evaluation.score.value", "value": {"doubleValue": score}},
+            {"key": "gen_ai.evaluation.score.label", "value": {"stringValue": label}}]
+
+
+def test_otlp_json_logs_genai_event_joins_its_span_and_others_are_counted(sc):
+    tid = "b1" * 16
+    _ok(_post(sc, _eval_run(tid, "logs-agent-http")))
+    logs = {"resourceLogs": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "evaluator"}}]},
+        "scopeLogs": [{"scope": {"name": "evals"}, "logRecords": [
+            {"timeUnixNano": "1760000002000000000", "eventName": "gen_ai.evaluation.result",
+             "traceId": tid, "spanId": tid[:16], "attributes": _eval_attrs(0.0, "fail")},
+            {"timeUnixNano": "1760000002000000000", "severityText": "INFO",
+             "body": {"stringValue": "an ordinary application log line"}},
+        ]}]}]}
+    before = _counters(sc)
+    r = _post(sc, logs, path="/v1/logs")
+    assert r.status_code == 200 and r.json() == {}, r.text
+    _flush(sc)
+    [t] = _trials_of(sc, [tid])
+    assert (t["outcome"], t["outcome_source"]) == ("failure", "evaluation:task_success")
+    keys = sc.get("/api/v1/spans", params={"trace_id": tid}).json()["keys"]
+    assert len(keys) == 3  # root, model call, and the joined event record
+    after = _counters(sc)
+    name = "relyscope_otlp_log_records_total"
+    assert _sum(after, name, kind="joined") - _sum(before, name, kind="joined") == 1
+    assert _sum(after, name, kind="other") - _sum(before, name, kind="other") == 1
+    # a re-sent record is stored once
+    assert _post(sc, logs, path="/v1/logs").status_code == 200
+    _flush(sc)
+    assert len(sc.get("/api/v1/spans", params={"trace_id": tid}).json()["keys"]) == 3
+
+
+def test_grpc_logs_service_joins_evaluation_event(sc):
+    import grpc
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceRequest, ExportLogsServiceResponse)
+
+    tid = "b2" * 16
+    _ok(_post(sc, _eval_run(tid, "logs-agent-grpc")))
+    req = ExportLogsServiceRequest()
+    rec = req.resource_logs.add().scope_logs.add().log_records.add(
+        time_unix_nano=1760000002000000000, trace_id=bytes.fromhex(tid), span_id=bytes.fromhex(tid[:16]))
+    rec.attributes.add(key="event.name").value.string_value = "gen_ai.evaluation.result"  # older SDKs
+    for kv in _eval_attrs(1.0, "pass"):
+        a = rec.attributes.add(key=kv["key"])
+        if "doubleValue" in kv["value"]:
+            a.value.double_value = kv["value"]["doubleValue"]
+        else:
+            a.value.string_value = kv["value"]["stringValue"]
+    with grpc.insecure_channel(f"127.0.0.1:{sc.grpc_port}") as ch:
+        call = ch.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+                              request_serializer=None, response_deserializer=None)
+        resp = ExportLogsServiceResponse.FromString(call(req.SerializeToString(), timeout=30))
+    assert not resp.HasField("partial_success")
+    _flush(sc)
+    [t] = _trials_of(sc, [tid])
+    assert (t["outcome"], t["outcome_source"]) == ("success", "evaluation:task_success")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sdk_metric_exporters_are_acknowledged_and_counted(sc, protocol):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    if protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        exporter = OTLPMetricExporter(endpoint=f"{sc.otlp_http}/v1/metrics")
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        exporter = OTLPMetricExporter(endpoint=f"127.0.0.1:{sc.grpc_port}", insecure=True)
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    counter = mp.get_meter("t").create_counter("requests")
+    counter.add(3, {"route": "/a"})
+    counter.add(1, {"route": "/b"})  # 2 data points (one per attribute set) of one sum
+    data = reader.get_metrics_data()
+    before = _counters(sc)
+    assert exporter.export(data, timeout_millis=10_000) is MetricExportResult.SUCCESS
+    exporter.shutdown()
+    mp.shutdown()
+    after = _counters(sc)
+    name = "relyscope_otlp_metric_points_total"
+    assert _sum(after, name, type="sum") - _sum(before, name, type="sum") == 2
