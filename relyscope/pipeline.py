@@ -55,6 +55,7 @@ from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, Trial
 from relyscope.scorers.outcomes import apply_outcomes
+from relyscope.shadow.grading import resolve_replays
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore
 from relyscope.scorers.review import GroupReview, score_reviewed
@@ -166,6 +167,13 @@ class Pipeline:
         self.ready = False
         self._open_traces = 0
         self._extras: dict[GroupKey, dict] = {}
+        # shadow replays and release gates (relyscope.shadow): the stage is attached by the sidecar
+        from relyscope.scorers.gate import default_gate_policy, load_gate_policy
+
+        self.gate_policy = load_gate_policy(settings.gate_policy_file) if settings.gate_policy_file \
+            else default_gate_policy()
+        self.gate_results: dict = {}  # (agent, baseline, candidate, mode) → latest GateResult
+        self.shadow = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -536,7 +544,9 @@ class Pipeline:
         """Trials from the store with their outcomes resolved (metrics.md §6). Filters as
         :meth:`relyscope.store.Store.load_trials`."""
         judged = self.store.judgements() if self.settings.judge_url else None
-        return apply_outcomes(self.store.load_trials(**filters), self.store.outcomes(), judged)
+        posted = self.store.outcomes()
+        trials = apply_outcomes(self.store.load_trials(**filters), posted, judged)
+        return resolve_replays(self.store, trials, posted, judged, self.policy)
 
     def _windowed_trials(self, **filters) -> list[Trial]:
         """Trials to score: with ``score_window_s`` set, those that ended within the window (rolling

@@ -30,6 +30,10 @@ def _bind(addr: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit TCP_NODELAY (Linux): uvicorn writes a response's head and body
+    # separately, and Nagle + the client's delayed ACK held every second write ~40 ms (each OTLP/HTTP
+    # export and tool-proxy call took 44 ms on loopback; 0.2 ms with this; bench/README.md)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as e:
@@ -88,12 +92,20 @@ class Sidecar:
         if s.tls_cert_file and s.tls_key_file:
             tls = (open(s.tls_cert_file, "rb").read(), open(s.tls_key_file, "rb").read())
         self._grpc, self.otlp_grpc_port = create_grpc_server(self.pipeline, s.otlp_grpc, token=token, tls=tls)
+        from relyscope.shadow.stage import ShadowStage
+
+        api_host = api_sock.getsockname()[0]
+        api_host = "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host
+        self.shadow = ShadowStage(s, self.store, self.pipeline.policy,
+                                  proxy_base_url=f"http://{api_host}:{self.api_port}")
+        self.pipeline.shadow = self.shadow
         self._http = [
             _UvicornThread(create_otlp_http_app(self.pipeline, token=token), http_sock, "otlp-http", s),
             _UvicornThread(create_api_app(self.pipeline, token=token), api_sock, "api", s),
         ]
         for h in self._http:
             h.start()
+        self.shadow.start()
         return self
 
     def stop(self) -> None:
@@ -101,6 +113,8 @@ class Sidecar:
         if self._stopped:
             return
         self._stopped = True
+        if getattr(self, "shadow", None) is not None:
+            self.shadow.shutdown()
         if self._grpc is not None:
             self._grpc.stop(grace=2).wait(5)
         for h in self._http:
