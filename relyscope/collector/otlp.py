@@ -630,7 +630,16 @@ def _validate_pb(req: Any, lim: Limits = _DEFAULT_LIMITS, bad: "_BadUtf8 | None"
                     if (not sfl and not slow_all and (bad is None or (ri, si, pi) not in bad.spans)
                             and len(sp.attributes) <= max_n):
                         evs = sp.events
-                        if not evs or (len(evs) <= max_e and all(len(e.attributes) <= max_n for e in evs)):
+                        ok = True
+                        if evs:
+                            if len(evs) > max_e:
+                                ok = False
+                            else:
+                                for e in evs:
+                                    if len(e.attributes) > max_n:
+                                        ok = False
+                                        break
+                        if ok:
                             keys[tid + sid] = clean
                             continue
                     fl = set(sfl)
