@@ -786,3 +786,45 @@ def test_sdk_metric_exporters_are_acknowledged_and_counted(sc, protocol):
     after = _counters(sc)
     name = "relyscope_otlp_metric_points_total"
     assert _sum(after, name, type="sum") - _sum(before, name, type="sum") == 2
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sdk_log_exporter_genai_event_in_span_context_grades_the_run(sc, protocol):
+    """The OTel SDK's own exporters: spans over gRPC, a GenAI evaluation event emitted through the
+    Logs API inside the agent span (so the record carries its trace and span id) over ``protocol``."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    if protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        log_exp = OTLPLogExporter(endpoint=f"{sc.otlp_http}/v1/logs")
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        log_exp = OTLPLogExporter(endpoint=f"127.0.0.1:{sc.grpc_port}", insecure=True)
+    res = Resource.create({"service.name": "sdk-logs-svc"})
+    tp = TracerProvider(resource=res)
+    tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"127.0.0.1:{sc.grpc_port}", insecure=True)))
+    lp = LoggerProvider(resource=res)
+    lp.add_log_record_processor(SimpleLogRecordProcessor(log_exp))
+    tracer, logger = tp.get_tracer("t"), lp.get_logger("evals")
+    agent = f"sdk-logs-{protocol}"
+    with tracer.start_as_current_span(f"invoke_agent {agent}") as root:
+        root.set_attribute("gen_ai.operation.name", "invoke_agent")
+        root.set_attribute("gen_ai.agent.name", agent)
+        root.set_attribute("relyscope.task.id", "sdk-logs-task")
+        with tracer.start_as_current_span("chat m") as llm:
+            llm.set_attribute("gen_ai.operation.name", "chat")
+        logger.emit(event_name="gen_ai.evaluation.result",
+                    attributes={"gen_ai.evaluation.name": "judge", "gen_ai.evaluation.score.value": 0.9})
+        tid = f"{root.get_span_context().trace_id:032x}"
+    lp.force_flush()
+    tp.force_flush()
+    lp.shutdown()
+    tp.shutdown()
+    _flush(sc)
+    [t] = _trials_of(sc, [tid])
+    assert (t["agent_name"], t["outcome"], t["outcome_source"]) == (agent, "success", "evaluation:judge")
