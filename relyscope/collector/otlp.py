@@ -2,8 +2,11 @@
 
 This is the one place that sees OTLP (style.md lesson 4). It never crashes on bad input (lesson 12):
 a request that cannot be used at all raises :class:`OTLPRequestError` (a *permanent* error,
-lesson 13); a span that cannot be stored is rejected and counted with a reason (OTLP partial
-success); everything else is repaired and the repair is named in ``CanonicalSpan.flags``.
+lesson 13) — including a JSON body of another signal or with no ``resourceSpans`` (``{}`` is a
+valid empty request); a span that cannot be stored is rejected and counted with a reason (OTLP
+partial success); everything else is repaired and the repair is named in ``CanonicalSpan.flags``
+and, when something the client sent was dropped or altered (:data:`REPORTED_FLAGS`), reported
+back in the partial-success ``error_message`` with its span count.
 
 Shapes and units:
 
@@ -115,10 +118,16 @@ class Limits:
     Attributes:
         max_body_bytes: bytes, applied to the received body and again to the decompressed body
             (default 16 MiB). Over it: 413.
-        max_attributes: attributes kept per span / event / link (OTel SDK default
-            ``OTEL_ATTRIBUTE_COUNT_LIMIT`` = 128); the rest are dropped, flag ``dropped_attributes``.
-        max_attribute_length: characters kept per string value (``None``: unlimited, the SDK
-            default); longer strings are truncated, flag ``truncated_attribute``.
+        max_attributes: attributes kept per span / event (OTel SDK default
+            ``OTEL_ATTRIBUTE_COUNT_LIMIT`` = 128); over it, attributes are dropped (flag
+            ``dropped_attributes``, count in ``CanonicalSpan.dropped_attributes``) but never one
+            that scoring reads (:func:`relyscope.collector.normalize.versions.attribute_rank`,
+            which may keep a span over the limit), flattened message history first.
+        max_attribute_length: code points kept per string value (``None``: unlimited, the SDK
+            default); longer strings are truncated (flag ``truncated_attribute``), except the
+            identity and other exact values scoring reads
+            (:func:`~relyscope.collector.normalize.versions.never_truncate`: ids never merge).
+            Resource attributes are subject to neither limit.
         max_events: events kept per span (SDK default 128); flag ``dropped_events``.
     """
 

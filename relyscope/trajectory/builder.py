@@ -23,6 +23,15 @@ Streaming rules (:class:`TrajectoryBuilder`):
   pipeline) and counted in :attr:`TrajectoryBuilder.dropped_late` — re-assembling it alone would
   replace a full trial with a one-span fragment.
 
+- Span links tie runs across traces (issue 11): a parentless agent span linked to a span of
+  another trace continues that trace's run (a handoff that started a new trace, D03): its trace
+  is buffered and assembled with the linked one, its root under the linked span (trial flag
+  ``linked_continuation``); an evaluator span (not an agent run) whose
+  ``gen_ai.evaluation.result`` events link to a span of another trace grades the trial holding
+  that span (D21, flag ``linked_evaluation``), re-finalizing it if it was already assembled.
+  Both hold while the linked trace is retained; pending links to traces never seen are dropped
+  after ``retain_s``.
+
 Assembly rules (:func:`assemble`, a pure function of the set of spans — arrival order never
 matters):
 
