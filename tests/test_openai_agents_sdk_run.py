@@ -1,5 +1,6 @@
 """The real OpenAI Agents SDK (``openai-agents``) run with a scripted fake model (no network),
-traced by the OpenInference bridge (``openinference-instrumentation-openai-agents``) through the
+traced by each OTel bridge — OpenInference's (``openinference-instrumentation-openai-agents``) and
+the OpenTelemetry contrib one (``opentelemetry-instrumentation-openai-agents-v2``) — through the
 OTel SDK's OTLP exporter to a real sidecar: one trial per run with the entry agent's name, steps in
 order (model call, tool, handoff, the next agent's model call), the tool error, and the tokens the
 fake model reported.
@@ -12,6 +13,7 @@ reports 10 input / 3 output tokens.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import subprocess
 import sys
@@ -25,8 +27,10 @@ IN_TOK, OUT_TOK = 10, 3
 
 # tests/agents (a test package) shadows the SDK's ``agents`` module inside this process, so the
 # agent runs in a child process of its own
-if importlib.util.find_spec("openinference.instrumentation.openai_agents") is None:
-    pytest.skip("openinference-instrumentation-openai-agents not installed", allow_module_level=True)
+try:
+    importlib.metadata.distribution("openai-agents")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+    pytest.skip("openai-agents not installed", allow_module_level=True)
 
 SCRIPT = textwrap.dedent(f"""
     import asyncio, sys
@@ -35,7 +39,6 @@ SCRIPT = textwrap.dedent(f"""
     from agents.models.interface import Model
     from agents.usage import Usage
     from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
-    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -72,6 +75,10 @@ SCRIPT = textwrap.dedent(f"""
     tp = TracerProvider(resource=Resource.create({{"service.name": "support-service"}}))
     tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1], insecure=True)))
     set_tracing_disabled(False)
+    if sys.argv[2] == "openinference":
+        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+    else:  # the OpenTelemetry contrib bridge
+        from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
     OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
 
     @function_tool
@@ -96,11 +103,17 @@ SCRIPT = textwrap.dedent(f"""
 """)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> dict:
+BRIDGES = [b for b, mod in (("openinference", "openinference.instrumentation.openai_agents"),
+                             ("contrib", "opentelemetry.instrumentation.openai_agents"))
+           if importlib.util.find_spec(mod) is not None]
+
+
+@pytest.fixture(scope="module", params=BRIDGES)
+def run(request, tmp_path_factory) -> dict:
     s = start_sidecar(tmp_path_factory.mktemp("oai-agents"))
     try:
-        r = subprocess.run([sys.executable, "-c", SCRIPT, f"127.0.0.1:{s.grpc_port}"], capture_output=True,
+        r = subprocess.run([sys.executable, "-c", SCRIPT, f"127.0.0.1:{s.grpc_port}", request.param],
+                           capture_output=True,
                            text=True, timeout=120, cwd=str(tmp_path_factory.getbasetemp()))
         assert r.returncode == 0, r.stderr[-3000:]
         assert s.post("/api/v1/flush").status_code == 200
