@@ -828,3 +828,24 @@ def test_sdk_log_exporter_genai_event_in_span_context_grades_the_run(sc, protoco
     _flush(sc)
     [t] = _trials_of(sc, [tid])
     assert (t["agent_name"], t["outcome"], t["outcome_source"]) == (agent, "success", "evaluation:judge")
+
+
+def test_vercel_ai_usage_on_the_outer_call_counts_when_the_model_call_has_none(sc):
+    tid = "5d" * 16
+    t0 = 1760000000_000000000
+    outer = _span(tid, tid[:16], [
+        {"key": "ai.operationId", "value": {"stringValue": "ai.generateText"}},
+        {"key": "ai.model.id", "value": {"stringValue": "gpt-4o"}},
+        {"key": "ai.usage.promptTokens", "value": {"intValue": "50"}},
+        {"key": "ai.usage.completionTokens", "value": {"intValue": "7"}},
+        {"key": "relyscope.task.id", "value": {"stringValue": "vercel-usage"}}],
+        name="ai.generateText", kind=1, startTimeUnixNano=str(t0), endTimeUnixNano=str(t0 + 10**9))
+    inner = _span(tid, tid[16:24] + "00000001", [
+        {"key": "ai.operationId", "value": {"stringValue": "ai.generateText.doGenerate"}},
+        {"key": "ai.model.id", "value": {"stringValue": "gpt-4o"}}], name="ai.generateText.doGenerate",
+        parentSpanId=tid[:16], startTimeUnixNano=str(t0 + 10**8), endTimeUnixNano=str(t0 + 9 * 10**8))
+    _ok(_post(sc, _body(outer, inner, service="vercel-svc")))
+    _flush(sc)
+    [t] = _trials_of(sc, [tid])
+    assert t["actions"] == ["llm"] and t["model_calls"] == 1
+    assert (t["input_tokens"], t["output_tokens"], t["total_tokens"]) == (50, 7, 57)
