@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from relyscope.instrumentation import agent_run, configure, tool_call  # noqa: E402
 from relyscope.instrumentation.replay import ReplayApp  # noqa: E402
-from relyscope.testing import start_sidecar  # noqa: E402
+from relyscope.testing import start_sidecar, wait_for_replays  # noqa: E402
 
 LAT: list[float] = []
 AGENT_S: list[float] = []
@@ -134,13 +134,7 @@ def main() -> None:
 
 
 def wait(sc, ids: list[str], timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = sc.post("/api/v1/shadow/status", json={"replay_ids": ids}).json()["by_status"]
-        if not st.get("scheduled") and not st.get("running"):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"replays did not finish: {st}")
+    wait_for_replays(sc, ids, timeout_s, poll_s=0.05)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["SidecarProc", "start_sidecar", "RELYSCOPE_BIN"]
+__all__ = ["SidecarProc", "start_sidecar", "wait_for_replays", "RELYSCOPE_BIN"]
 
 RELYSCOPE_BIN = Path(sys.executable).parent / "relyscope"
 
@@ -69,9 +69,19 @@ class SidecarProc:
         return self.get("/api/v1/report").json()
 
     def trials(self, **params) -> list[dict]:
-        r = self.get("/api/v1/trials", params=params)
-        assert r.status_code == 200, r.text
-        return r.json()["trials"]
+        """Every trial matching the filters (all pages; ``limit`` caps the total)."""
+        cap = params.pop("limit", None)
+        out: list[dict] = []
+        cursor = None
+        while True:
+            page_params = {**params, "limit": 1000, **({"cursor": cursor} if cursor else {})}
+            r = self.get("/api/v1/trials", params=page_params)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            out += body["trials"]
+            cursor = body.get("next_cursor")
+            if not cursor or (cap is not None and len(out) >= cap):
+                return out if cap is None else out[:cap]
 
     def vm_status(self) -> dict[str, int]:
         """VmRSS / VmHWM of the process, KiB (Linux)."""
@@ -96,12 +106,27 @@ class SidecarProc:
         return self.proc.returncode
 
 
+def wait_for_replays(sidecar: SidecarProc, replay_ids: list[str], timeout_s: float = 120,
+                     poll_s: float = 0.2) -> dict[str, int]:
+    """Poll ``POST /api/v1/shadow/status`` until none of ``replay_ids`` is scheduled or running;
+    return the counts by status. Raises TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    st: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        st = sidecar.post("/api/v1/shadow/status", json={"replay_ids": replay_ids}).json()["by_status"]
+        if not st.get("scheduled") and not st.get("running"):
+            return st
+        time.sleep(poll_s)
+    raise TimeoutError(f"replays did not finish in {timeout_s} s: {st}")
+
+
 def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[str] | None = None,
-                  timeout_s: float = 60, cpu: int | None = None) -> SidecarProc:
+                  timeout_s: float = 60, cpu: int | None = None, wrapper: list[str] | None = None) -> SidecarProc:
     """Start ``relyscope serve`` on free loopback ports; return once it listens.
 
     Test defaults: grace period 0.3 s, score interval 1 s, B = 200 (override with ``extra_env``).
-    ``cpu``: pin the process to that core with ``taskset`` (benchmarks). Raises RuntimeError if it
+    ``cpu``: pin the process to that core with ``taskset`` (benchmarks). ``wrapper``: a command
+    prefix, e.g. ``["prlimit", "--fsize=262144", "--"]`` to make large writes fail. Raises RuntimeError if it
     exits or does not listen within ``timeout_s``, with its log."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +145,8 @@ def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[s
     cmd = [str(RELYSCOPE_BIN), "serve", "--log-level", "warning", *(args or [])]
     if cpu is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", str(cpu), *cmd]
+    if wrapper:
+        cmd = [*wrapper, *cmd]
     with open(data_dir / "sidecar.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     sc = SidecarProc(proc, data_dir, 0, 0, 0, env)
