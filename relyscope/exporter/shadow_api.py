@@ -151,10 +151,6 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         st = _stage(pipeline)
         rows = st.ledger.replays(replay_ids=body.replay_ids, limit=len(body.replay_ids))
         counts = Counter(r["status"] for r in rows)
-        running = sum(1 for r in rows if r["replay_id"] in st.running)
-        if running:
-            counts["scheduled"] -= running
-            counts["running"] += running
         return {"total": len(body.replay_ids), "by_status": {k: v for k, v in counts.items() if v}}
 
     @r.get("/api/v1/shadow/samples", dependencies=guarded)

@@ -254,6 +254,9 @@ class ShadowStage:
                                   rewrite=self._rewrite)
             specs += sp
             notes += [f"{t.trial_id}: {n}" for n in nt]
+        # a trial planned again (a second `shadow start`, a restart) keeps its replays: same ids
+        known = self.ledger.existing_replay_ids([sp.replay_id for sp in specs]) if specs else set()
+        specs = [sp for sp in specs if sp.replay_id not in known]
         now = time.time()
         self.ledger.write_replays([{**_spec_row(sp), "status": "scheduled", "scheduled_at": now} for sp in specs])
         self.counts["scheduled"].update(sp.family for sp in specs)
@@ -262,10 +265,16 @@ class ShadowStage:
     def dispatch(self, max_n: int = 8) -> int:
         """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record their
         results in one write. Returns how many ran."""
-        rows = [r for r in self.ledger.replays(status="scheduled", limit=max_n + len(self.running), oldest_first=True)
+        # "running" rows not running here were cut off by a stop or a crash: run them again (their new
+        # trace id replaces the old one, so a cut-off attempt's spans are never scored)
+        rows = [r for r in self.ledger.replays(status=("scheduled", "running"), limit=max_n + len(self.running),
+                                               oldest_first=True)
                 if r["replay_id"] not in self.running][:max_n]
         if not rows:
             return 0
+        for r in rows:  # trace ids are known (and stored) before any replay starts
+            r["trace_id"], r["status"], r["error"] = os.urandom(16).hex(), "running", ""
+        self.ledger.write_replays(rows)
         prods = {t.trial_id: t for t in self.store.load_trials(trial_ids={r["shadow_of"] for r in rows})}
         with self._lock:
             self.running.update(r["replay_id"] for r in rows)
@@ -299,7 +308,7 @@ class ShadowStage:
             injector=self.injector, live_tools=s.shadow_live_tools,
             policy_side_effects={k: getattr(v, "value", v) for k, v in getattr(self.policy, "side_effects", {}).items()},
             perturb=perturb_result)
-        trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+        trace_id, span_id = row["trace_id"], os.urandom(8).hex()
         req = ReplayRequest(
             replay_id=rid, run_kind=row["run_kind"], shadow_of=row["shadow_of"],
             task=ReplayTask(task_id=row["task_id"], input=row["input"], agent=row["agent"]),
