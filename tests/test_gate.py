@@ -398,3 +398,22 @@ def test_pass_at_k_and_pass_hat_k_gate_by_hand() -> None:
     assert r.deltas["pass^2"].delta == pytest.approx(0.5)
     assert r.deltas["pass@2"].delta == pytest.approx(0.3)
     assert r.verdict == "pass"
+
+
+def test_a_handful_of_tasks_cannot_block_on_its_interval() -> None:
+    """Bug (found by simulation): on one shared task the bootstrap interval has width 0, so two
+    equal versions were blocked by chance (~29 %). Below min_tasks_to_block a drop is inconclusive."""
+    pol = GatePolicy(metrics={"success_rate": MetricBound(max_regression=0.05)})
+    # one task, baseline 4/5, candidate 2/5: Δ = −0.4 with CI [−0.4, −0.4]
+    r = evaluate_gate(side(trials_from_counts("b", [4])), side(trials_from_counts("c", [2])), pol)
+    assert r.deltas["success_rate"].delta == pytest.approx(-0.4)
+    assert r.verdict == "inconclusive" and "min_tasks_to_block" in r.reasons[0].message
+    # five tasks, each 5/5 → 0/5: blocks
+    r5 = evaluate_gate(side(trials_from_counts("b", [5] * 5)), side(trials_from_counts("c", [0] * 5)), pol)
+    assert r5.verdict == "block"
+
+
+@pytest.mark.parametrize("bad", [{"seed": -1}, {"n_boot": 10**9}, {"min_tasks_to_block": 1}])
+def test_policy_bounds_that_used_to_500(bad) -> None:
+    with pytest.raises(GatePolicyError, match=next(iter(bad))):
+        parse_gate_policy(bad)

@@ -277,10 +277,22 @@ def test_replay_api_refuses_mistakes(nominal_env):
     assert sc.post("/api/v1/shadow/replays", json={"last": "3"}).status_code == 422
     assert sc.get("/api/v1/shadow/replays", params={"status": "weird"}).status_code == 422
     assert sc.get("/api/v1/shadow/replays/doesnotexist").status_code == 404
-    # the proxy answers only running replays
-    r = sc.post("/shadow/v1/replays/doesnotexist/tool-calls", json={"name": "get_order"})
+    # the proxy answers only running replay attempts, by their random token
+    r = sc.post("/shadow/v1/sessions/doesnotexist/tool-calls", json={"name": "get_order"})
     assert r.status_code == 404 and r.json()["outcome"] == "sandbox_miss"
-    assert sc.post("/shadow/v1/replays/x/tool-calls", content=b"not json").status_code == 400
+    assert sc.post("/shadow/v1/sessions/x/tool-calls", content=b"not json").status_code == 400
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert sc.post("/shadow/v1/sessions/x/tool-calls", content=deep).status_code in (400, 413)
+
+    def chunks():  # a chunked upload past the cap, no Content-Length
+        for _ in range(40):
+            yield b" " * 65536
+
+    assert sc.post("/shadow/v1/sessions/x/tool-calls", content=chunks()).status_code == 413
+    assert sc.get("/api/v1/shadow/samples", params={"decision": "typo"}).status_code == 422
+    # the proxy URL handed to the agent is not derivable from the replay id
+    rid = nominal_env["replay_ids"][0]
+    assert sc.post(f"/shadow/v1/replays/{rid}/tool-calls", json={"name": "get_order"}).status_code == 404
 
 
 def test_automatic_sampling_records_every_decision(tmp_path):

@@ -1,8 +1,8 @@
 """Shadow replay, tool proxy and release-gate routes of the management API.
 
-- ``POST /shadow/v1/replays/{replay_id}/tool-calls`` — the tool proxy a replayed agent calls (no
-  bearer token: the unguessable id of a *running* replay is the capability; any other id gets
-  404). Body ``{"name", "arguments", "call_id", "side_effect", "index"}``; the answer is the
+- ``POST /shadow/v1/sessions/{token}/tool-calls`` — the tool proxy a replayed agent calls (no
+  bearer token: the random token of a *running* replay attempt, handed to the agent in its
+  request, is the capability; any other token gets 404; bodies over 1 MiB get 413, chunked or not). Body ``{"name", "arguments", "call_id", "side_effect", "index"}``; the answer is the
   sandbox's JSON envelope with an HTTP status that mirrors it (an injected timeout really waits).
 - ``GET /api/v1/shadow`` — state: paused, targets, decisions and replays by kind, proxy counts.
 - ``GET /api/v1/shadow/replays`` (filters ``status``, ``shadow_of``, ``target_version``,
@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -57,6 +58,22 @@ class GateBody(_Strict):
     policy: dict[str, Any] | None = None
 
 
+_PROXY_MAX_BODY = 1 << 20
+
+
+def _finite(v: Any) -> Any:
+    """The envelope with NaN / ±inf (a recorded result may hold them) as null: strict JSON."""
+    import math
+
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 def gates_json(results: dict, agent: str | None = None) -> list[dict]:
     """The latest gate result of each (agent, baseline, candidate, mode), as JSON, for the report."""
     out = []
@@ -78,25 +95,34 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
     r = APIRouter()
     guarded = [Depends(auth)]
 
-    @r.post("/shadow/v1/replays/{replay_id}/tool-calls")
-    async def tool_call(replay_id: str, request: Request) -> JSONResponse:
+    @r.post("/shadow/v1/sessions/{token}/tool-calls")
+    async def tool_call(token: str, request: Request) -> JSONResponse:
         st = _stage(pipeline)
+
+        def miss(msg: str, status: int) -> JSONResponse:
+            return JSONResponse({"outcome": "sandbox_miss", "message": msg}, status_code=status)
+
+        body, size = [], 0
+        async for chunk in request.stream():  # capped whatever Content-Length says (chunked uploads)
+            size += len(chunk)
+            if size > _PROXY_MAX_BODY:
+                return miss(f"body over {_PROXY_MAX_BODY} bytes", 413)
+            body.append(chunk)
         try:
-            call = await request.json()
-        except ValueError:
-            return JSONResponse({"outcome": "sandbox_miss", "message": "body is not JSON"}, status_code=400)
+            call = json.loads(b"".join(body))
+        except (ValueError, RecursionError):
+            return miss("body is not JSON (or nested too deeply)", 400)
         if not isinstance(call, dict):
-            return JSONResponse({"outcome": "sandbox_miss", "message": "body must be a JSON object"}, status_code=400)
+            return miss("body must be a JSON object", 400)
         try:
-            ans = st.proxy_answer(replay_id, call)
-        except ValueError as e:
-            return JSONResponse({"outcome": "sandbox_miss", "message": str(e)}, status_code=400)
+            ans = st.proxy_answer(token, call)
+        except (ValueError, TypeError, RecursionError) as e:
+            return miss(f"invalid tool call: {e}", 400)
         if ans is None:
-            return JSONResponse({"outcome": "sandbox_miss", "message": f"no running replay {replay_id}"},
-                                status_code=404)
+            return miss("no running replay has this proxy token", 404)
         if ans.delay_s > 0:
             await asyncio.sleep(ans.delay_s)
-        return JSONResponse(ans.envelope, status_code=ans.status, headers=dict(ans.headers))
+        return JSONResponse(_finite(ans.envelope), status_code=ans.status, headers=dict(ans.headers))
 
     @r.get("/api/v1/shadow", dependencies=guarded)
     def state() -> dict:
@@ -155,6 +181,10 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
 
     @r.get("/api/v1/shadow/samples", dependencies=guarded)
     def samples(decision: str | None = None, limit: int = Query(200, ge=1, le=10_000)) -> dict:
+        from relyscope.shadow.sampler import DECISIONS
+
+        if decision is not None and decision not in DECISIONS:
+            raise HTTPException(422, f"decision must be one of {', '.join(DECISIONS)}")
         rows = _stage(pipeline).ledger.decisions(decision=decision, limit=limit)
         return {"samples": rows, "count": len(rows)}
 

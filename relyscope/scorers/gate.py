@@ -33,7 +33,10 @@ Verdict, in this order (metrics.md §10), the overall verdict being the most sev
    metrics are ratios of resampled per-task sums, trials are never resampled; Efron & Tibshirani,
    *An Introduction to the Bootstrap*, 1993, ch. 13, percentile interval). For a metric with
    ``higher_is_better: false`` Δ and the interval are negated first, so "below" always means worse.
-   **block** if ``hi < −r``; else **inconclusive** if the metric used fewer than ``min_tasks`` tasks
+   **block** if ``hi < −r`` on at least ``min_tasks_to_block`` tasks (a percentile bootstrap over
+   one or two tasks is degenerate; below that a clear drop is inconclusive — a departure from the
+   literal order of metrics.md §10, which would block equal versions by chance on one task);
+   else **inconclusive** if the metric used fewer than ``min_tasks`` tasks
    or ``lo ≤ −r ≤ hi``; else **pass** (``lo > −r``). A metric with no task defined on both sides is
    *not measured*: ``inconclusive`` if ``required``, a note otherwise.
 
@@ -178,9 +181,10 @@ class GatePolicy(_Strict):
 
     min_tasks: int = Field(20, ge=1)
     min_trials_per_task: int = Field(3, ge=1)
+    min_tasks_to_block: int = Field(5, ge=2)
     level: float = Field(0.95, gt=0.0, lt=1.0)
-    n_boot: int = Field(2000, ge=1)
-    seed: int = 0
+    n_boot: int = Field(2000, ge=1, le=100_000)
+    seed: int = Field(0, ge=0)
     max_sandbox_miss_rate: float = Field(0.10, ge=0.0, le=1.0)
     min_harness_agreement: float = Field(0.90, ge=0.0, le=1.0)
     max_infra_invalid_rate: float = Field(0.10, ge=0.0, le=1.0)
@@ -686,8 +690,13 @@ def _gate_metric(
         f"allowed regression {bound_cfg.max_regression:.3f}{direction}, {n} shared tasks, {plan.trials_b}/{plan.trials_c} trials"
     )
     needs = None
-    if hi < bound:
+    if hi < bound and n >= policy.min_tasks_to_block:
         verdict, tail = "block", f"; the whole interval lies below {bound:+.3f}"
+    elif hi < bound:  # a bootstrap over a handful of tasks is degenerate (one task: width 0)
+        verdict = "inconclusive"
+        needs = max(0, policy.min_tasks_to_block - n)
+        tail = (f"; the interval lies below {bound:+.3f} but {n} tasks are fewer than min_tasks_to_block = "
+                f"{policy.min_tasks_to_block}, too few for a bootstrap interval to be trusted")
     elif n < policy.min_tasks:
         verdict = "inconclusive"
         needs = needs_more_tasks_estimate(n, d, (lo, hi), bound, min_tasks=policy.min_tasks, n_shared=n_shared)

@@ -176,6 +176,9 @@ class SandboxSession:
         name = call.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError("name: the tool name is required")
+        for key in ("side_effect", "call_id"):
+            if call.get(key) is not None and not isinstance(call.get(key), str):
+                raise ValueError(f"{key}: a string or null, got {type(call.get(key)).__name__}")
         args = call.get("arguments")
         canonical = canonical_arguments(args)
         with self._lock:

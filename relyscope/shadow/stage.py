@@ -8,7 +8,8 @@ follows the window, not the history), plans the sampled ones, and dispatches sch
 ``shadow_concurrency`` at a time. A replay POSTs a ``relyscope.replay/v1`` request
 (:mod:`relyscope.instrumentation.replay`) with a fresh trace id in ``traceparent``; its spans come
 back over OTLP and are scored like any run (run kind ``shadow`` or ``canary``). The tool proxy
-sessions live in memory for the duration of a replay; the API routes of
+sessions live in memory for the duration of a replay, keyed by a random token in the proxy URL
+(the capability the agent is handed); the API routes of
 :mod:`relyscope.exporter.shadow_api` call :meth:`ShadowStage.proxy_answer`.
 
 Errors: store errors are logged and retried next tick (``StoreUnavailable``); a target that is
@@ -21,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +44,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per re
 
 class ShadowStage:
     """See the module docstring. ``proxy_base_url``: where replayed agents reach the API (the tool
-    proxy is ``{proxy_base_url}/shadow/v1/replays/{replay_id}/tool-calls``)."""
+    proxy is ``{proxy_base_url}/shadow/v1/sessions/{token}/tool-calls``, a random token per attempt)."""
 
     def __init__(self, settings: Settings, store: Store, policy: Any = None, *, proxy_base_url: str):
         from relyscope.shadow.faults import FaultInjector
@@ -279,13 +281,23 @@ class ShadowStage:
         with self._lock:
             self.running.update(r["replay_id"] for r in rows)
         try:
-            results = list(self._pool.map(lambda r: self._run_one(r, prods.get(r["shadow_of"])), rows))
+            results = list(self._pool.map(lambda r: self._run_one_safe(r, prods.get(r["shadow_of"])), rows))
         finally:
             with self._lock:
                 self.running.difference_update(r["replay_id"] for r in rows)
         self.ledger.write_replays(results)
         self.counts["replays"].update(r["status"] for r in results)
         return len(results)
+
+    def _run_one_safe(self, row: dict, prod: Trial | None) -> dict:
+        """:meth:`_run_one`, with any failure of ours recorded as the replay's ``error`` (a stage
+        boundary: one broken replay never blocks the batch or loops forever as ``running``)."""
+        try:
+            return self._run_one(row, prod)
+        except Exception as e:  # noqa: BLE001
+            log.exception("replay %s failed inside the sidecar", row["replay_id"])
+            return {**row, "status": "error", "error": f"sidecar error: {type(e).__name__}: {e}"[:500],
+                    "finished_at": time.time()}
 
     def _run_one(self, row: dict, prod: Trial | None) -> dict:
         import httpx
@@ -309,15 +321,18 @@ class ShadowStage:
             policy_side_effects={k: getattr(v, "value", v) for k, v in getattr(self.policy, "side_effects", {}).items()},
             perturb=perturb_result)
         trace_id, span_id = row["trace_id"], os.urandom(8).hex()
+        # the proxy URL's capability: random per attempt (replay ids derive from trial ids, which
+        # anyone reading traces knows, and the proxy route takes no bearer token)
+        token = secrets.token_hex(16)
         req = ReplayRequest(
             replay_id=rid, run_kind=row["run_kind"], shadow_of=row["shadow_of"],
             task=ReplayTask(task_id=row["task_id"], input=row["input"], agent=row["agent"]),
             family=row["family"], strength=row["strength"], seed=int(row["seed"]),
             traceparent=f"00-{trace_id}-{span_id}-01",
-            tool_proxy_url=f"{self.proxy_base_url}/shadow/v1/replays/{rid}/tool-calls",
+            tool_proxy_url=f"{self.proxy_base_url}/shadow/v1/sessions/{token}/tool-calls",
             deadline_s=s.shadow_replay_timeout_s, target_version=row["target_version"])
         with self._lock:
-            self.sessions[rid] = session
+            self.sessions[token] = session
         status, error = "completed", ""
         try:
             r = httpx.post(url, json=req.to_json(), timeout=s.shadow_replay_timeout_s)
@@ -335,7 +350,7 @@ class ShadowStage:
             status, error = "error", f"target {url} unreachable: {e}"
         finally:
             with self._lock:
-                self.sessions.pop(rid, None)
+                self.sessions.pop(token, None)
         summ = session.summary()
         if summ["misses"] and status in ("completed", "failed"):
             status = "sandbox_miss"
@@ -352,11 +367,11 @@ class ShadowStage:
         return out
 
     # ---- the proxy ------------------------------------------------------------------------------
-    def proxy_answer(self, replay_id: str, call: dict) -> ProxyAnswer | None:
-        """The sandbox's answer to one tool call of a running replay; None for a replay that is
-        not running (unknown, finished, or cancelled). Raises ValueError for a malformed call."""
+    def proxy_answer(self, token: str, call: dict) -> ProxyAnswer | None:
+        """The sandbox's answer to one tool call of the running replay attempt whose proxy token
+        this is; None for an unknown or finished one. Raises ValueError for a malformed call."""
         with self._lock:
-            session = self.sessions.get(replay_id)
+            session = self.sessions.get(token)
         if session is None:
             return None
         return session.answer(call)
