@@ -15,6 +15,7 @@ into OTLP status codes (OTLP 1.x spec, "OTLP/gRPC Response" and "OTLP/HTTP Respo
 RetryInfo goes in both trailers the stock exporters read (:func:`_retry_trailers`).
 | decoder bug (``OTLPRequestError`` 500) | INTERNAL | 500 + google.rpc.Status |
 | missing/wrong bearer token | UNAUTHENTICATED | 401 |
+| body not received within ``http_read_timeout_s`` | — | 408 (a header that slow: connection closed) |
 | other path / method | UNIMPLEMENTED | 404 / 405 + google.rpc.Status |
 
 Every HTTP error reply carries a ``google.rpc.Status`` body, JSON when the request was JSON, else
@@ -24,6 +25,7 @@ the client is told to retry (503 / UNAVAILABLE) and the exception is logged.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from concurrent import futures
@@ -169,6 +171,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
     app = FastAPI(title="relyscope OTLP/HTTP receiver", docs_url=None, redoc_url=None, openapi_url=None)
     limit = pipeline.settings.max_body_bytes
     budget = pipeline.inflight
+    read_timeout = pipeline.settings.http_read_timeout_s
 
     def status_reply(code_http: int, grpc_code: grpc.StatusCode, message: str, is_json: bool,
                      headers=None) -> Response:
@@ -222,19 +225,23 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
             held[0] = int(declared)
         chunks, size = [], 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                        f"request body exceeds the limit of {limit} bytes", is_json)
-                if size > held[0]:
-                    if not budget.try_acquire(size - held[0]):
-                        return over_budget(is_json)
-                    held[0] = size
-                chunks.append(chunk)
+            async with asyncio.timeout(read_timeout):  # a trickling body must not hold the budget
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                            f"request body exceeds the limit of {limit} bytes", is_json)
+                    if size > held[0]:
+                        if not budget.try_acquire(size - held[0]):
+                            return over_budget(is_json)
+                        held[0] = size
+                    chunks.append(chunk)
         except ClientDisconnect:
             return status_reply(400, grpc.StatusCode.INVALID_ARGUMENT, "client disconnected before the body ended",
                                 is_json)
+        except TimeoutError:
+            return status_reply(408, grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request body not received within {read_timeout} s", is_json, {"Connection": "close"})
         return await _accept(request, b"".join(chunks), ctype, is_json)
 
     async def _accept(request: Request, body: bytes, ctype, is_json: bool) -> Response:
