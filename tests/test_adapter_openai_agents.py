@@ -19,23 +19,8 @@ from pathlib import Path
 import pytest
 
 
-def _import_the_sdk() -> None:
-    """tests/agents (the shadow tests' agent apps) would shadow the SDK's top-level package
-    ``agents`` while tests/ is on sys.path: import the SDK with tests/ off the path, then restore."""
-    here = Path(__file__).resolve().parent
-    saved = list(sys.path)
-    loaded = sys.modules.get("agents")
-    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve().parent.parent == here:
-        del sys.modules["agents"]
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    try:
-        pytest.importorskip("agents.testing")
-        pytest.importorskip("agents.tracing")
-    finally:
-        sys.path[:] = saved
-
-
-_import_the_sdk()
+pytest.importorskip("agents.testing")
+pytest.importorskip("agents.tracing")
 pytest.importorskip("openinference.instrumentation.openai_agents")
 
 from agents import Agent, RunConfig, Runner, function_tool, gen_trace_id, set_trace_processors, trace  # noqa: E402

@@ -111,7 +111,7 @@ def test_rules_use_only_exposed_metrics_and_score_labels():
 def test_promtool_check_prometheus_config():
     r = _promtool("check", "config", str(DEPLOY / "prometheus.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "1 rule files found" in r.stdout  # the relative rule_files path resolves to deploy/alerts
+    assert "2 rule files found" in r.stdout  # the relative rule_files paths resolve to deploy/alerts
     cfg = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     assert jobs["relyscope"]["static_configs"][0]["targets"] == ["relyscope:9464"]

@@ -81,8 +81,12 @@ def test_worse_candidate_blocks_with_the_metric_named(gated):
     assert res["deltas"]["success_rate"]["baseline"] == 1.0 and res["deltas"]["success_rate"]["candidate"] == 0.0
     assert any(r["name"] == "success_rate" and r["verdict"] == "block" for r in res["reasons"])
     m = sc.get("/metrics").text
-    assert ('relyscope_gate_verdict{agent="",baseline="1.0",candidate="2.0",mode="shadow",verdict="block"} 1.0'
+    assert ('relyscope_gate_verdict{agent="refund-agent",baseline="1.0",candidate="2.0",mode="shadow",verdict="block"} 1.0'
             in m)
+    # what the experiment was, also when its checks passed
+    exp = res["experiment"]
+    assert exp["pending_replays"] == 0 and exp["sandbox"]["sandbox_misses"] == 0 and exp["sandbox"]["replays"] == 144
+    assert exp["harness"]["replays"] == 72 and exp["harness"]["agreeing"] == 72
 
 
 def test_table_output_names_verdict(gated):
@@ -157,7 +161,7 @@ def test_canary_traffic_is_gated_against_production(gated):
     """--mode canary: the worse version's canary production traffic (its own verifier says
     failure) against the baseline's production runs of the same tasks."""
     sc, tmp, _ = gated
-    subprocess.run([sys.executable, "-m", "tests.agents.refund_agent", "prod", "--otlp", sc.otlp_grpc,
+    subprocess.run([sys.executable, "-m", "tests.replay_agents.refund_agent", "prod", "--otlp", sc.otlp_grpc,
                     "--effects", str(tmp / "canary-effects.log"), "--version", "2.0-canary", "--tasks", "24",
                     "--runs", "1", "--worse", "--run-kind", "canary"], cwd=ROOT, check=True, timeout=60)
     sc.flush()
