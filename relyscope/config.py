@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         256 << 20, ge=1 << 20, description="request bytes held at once by both OTLP receivers (bodies being read, "
         "decompressed, validated); beyond it a request gets the retryable signal (HTTP 503 / gRPC RESOURCE_EXHAUSTED)")
+    http_read_timeout_s: float = Field(
+        30.0, gt=0, description="an HTTP request's header, and separately its body, must arrive within this time "
+        "(slow-loris guard: the connection is closed / 408)")
     max_attributes: int = Field(128, ge=1, description="attributes kept per span (OTel SDK default)")
     max_attribute_length: int | None = Field(None, ge=1, description="longest string attribute kept; None = unlimited (OTel SDK default)")
     grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")

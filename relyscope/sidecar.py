@@ -15,6 +15,7 @@ import time
 
 import uvicorn
 
+from relyscope.collector.http_timeouts import h11_protocol_with_header_timeout
 from relyscope.collector.receivers import create_grpc_server, create_otlp_http_app
 from relyscope.config import Settings, parse_hostport
 from relyscope.exporter.api import create_api_app
@@ -51,7 +52,8 @@ class _UvicornThread:
         if settings.tls_cert_file and settings.tls_key_file:
             ssl = {"ssl_certfile": settings.tls_cert_file, "ssl_keyfile": settings.tls_key_file}
         cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                             timeout_graceful_shutdown=2, **ssl)
+                             timeout_graceful_shutdown=2,
+                             http=h11_protocol_with_header_timeout(settings.http_read_timeout_s), **ssl)
         self.server = uvicorn.Server(cfg)
         self.server.install_signal_handlers = lambda: None  # uvicorn < 0.29 API; harmless otherwise
         self.sock = sock

@@ -299,7 +299,7 @@ def test_sigkill_under_load_loses_no_acknowledged_span_and_duplicates_no_trial(t
     acked_keys: set[tuple[str, str]] = set()
     for rnd in range(3):
         requests = []
-        for i in range(60):
+        for i in range(200):  # more than the sender can post before the kill (it must die mid-stream)
             spans = []
             for j in range(2):
                 tid = trace_id_of(2, rnd, i, j)
@@ -308,8 +308,10 @@ def test_sigkill_under_load_loses_no_acknowledged_span_and_duplicates_no_trial(t
             requests.append(spans)
         kill_after = rng.randint(8, 40)  # acknowledged requests before the SIGKILL
         with Sender(sc, requests) as sender:
-            wait_until(lambda: len(sender.acked) >= kill_after or not any(
-                t.is_alive() for t in sender.threads), what="requests acknowledged")
+            deadline = time.monotonic() + 30  # poll finely: the kill must come soon after kill_after acks
+            while len(sender.acked) < kill_after and any(t.is_alive() for t in sender.threads):
+                assert time.monotonic() < deadline, "requests acknowledged"
+                time.sleep(0.005)
             sc.kill(signal.SIGKILL)
         assert sc.proc.returncode == -signal.SIGKILL
         assert kill_after <= len(sender.acked) < len(requests)  # killed mid-stream

@@ -15,6 +15,7 @@ into OTLP status codes (OTLP 1.x spec, "OTLP/gRPC Response" and "OTLP/HTTP Respo
 RetryInfo goes in both trailers the stock exporters read (:func:`_retry_trailers`).
 | decoder bug (``OTLPRequestError`` 500) | INTERNAL | 500 + google.rpc.Status |
 | missing/wrong bearer token | UNAUTHENTICATED | 401 |
+| body not received within ``http_read_timeout_s`` | — | 408 (a header that slow: connection closed) |
 | other path / method | UNIMPLEMENTED | 404 / 405 + google.rpc.Status |
 
 Every HTTP error reply carries a ``google.rpc.Status`` body, JSON when the request was JSON, else
@@ -24,6 +25,7 @@ the client is told to retry (503 / UNAVAILABLE) and the exception is logged.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from concurrent import futures
@@ -191,17 +193,25 @@ def _signal_handlers(pipeline: "Pipeline", token: str | None) -> list:
             md = dict(context.invocation_metadata())
             if not check_bearer(md.get("authorization"), token):
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+            if not pipeline.inflight.try_acquire(len(raw)):  # the traces service's budget, shared
+                pipeline.stats.backpressure += 1
+                _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 "relyscope in-flight byte budget exhausted; retry later", Backpressure.retry_after_s)
             try:
                 fn(pipeline, raw, False)
             except OTLPRequestError as e:
                 context.abort(_error_codes(e)[1], e.message)
-            except Backpressure:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "relyscope spool full; retry later")
+            except Backpressure as e:
+                _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"relyscope {e}; retry later",
+                                 Backpressure.retry_after_s)
             except OSError as e:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}")
+                _abort_retryable(context, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", _RETRY_AFTER_S)
             except Exception as e:  # noqa: BLE001 - a stage boundary
                 log.exception("OTLP/gRPC export failed")
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later")
+                _abort_retryable(context, grpc.StatusCode.UNAVAILABLE,
+                                 f"internal error: {type(e).__name__}; retry later", _RETRY_AFTER_S)
+            finally:
+                pipeline.inflight.release(len(raw))
             return ok_reply
         return grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)
 
@@ -220,6 +230,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
     app = FastAPI(title="relyscope OTLP/HTTP receiver", docs_url=None, redoc_url=None, openapi_url=None)
     limit = pipeline.settings.max_body_bytes
     budget = pipeline.inflight
+    read_timeout = pipeline.settings.http_read_timeout_s
 
     def status_reply(code_http: int, grpc_code: grpc.StatusCode, message: str, is_json: bool,
                      headers=None) -> Response:
@@ -273,19 +284,23 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
             held[0] = int(declared)
         chunks, size = [], 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                        f"request body exceeds the limit of {limit} bytes", is_json)
-                if size > held[0]:
-                    if not budget.try_acquire(size - held[0]):
-                        return over_budget(is_json)
-                    held[0] = size
-                chunks.append(chunk)
+            async with asyncio.timeout(read_timeout):  # a trickling body must not hold the budget
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                            f"request body exceeds the limit of {limit} bytes", is_json)
+                    if size > held[0]:
+                        if not budget.try_acquire(size - held[0]):
+                            return over_budget(is_json)
+                        held[0] = size
+                    chunks.append(chunk)
         except ClientDisconnect:
             return status_reply(400, grpc.StatusCode.INVALID_ARGUMENT, "client disconnected before the body ended",
                                 is_json)
+        except TimeoutError:
+            return status_reply(408, grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request body not received within {read_timeout} s", is_json, {"Connection": "close"})
         return await _accept(request, b"".join(chunks), ctype, is_json)
 
     async def _accept(request: Request, body: bytes, ctype, is_json: bool) -> Response:
@@ -310,8 +325,6 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
     async def other_signal(request: Request, fn, reply) -> Response:
         """``POST /v1/logs`` and ``/v1/metrics``: as ``/v1/traces`` for auth, content type, size and
         encoding, then :mod:`relyscope.collector.signals`."""
-        from relyscope.collector.otlp import Limits, _decompress
-
         ctype = request.headers.get("content-type")
         is_json = wants_json(request)
         if not check_bearer(request.headers.get("authorization"), token):
@@ -321,17 +334,33 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
             return status_reply(415, grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unsupported Content-Type {ctype!r} (use application/x-protobuf or "
                                 "application/json)", is_json)
+        held = [0]  # in-flight budget and read timeout as /v1/traces
+        try:
+            return await _other_signal_body(request, fn, reply, ctype, is_json, held)
+        finally:
+            budget.release(held[0])
+
+    async def _other_signal_body(request: Request, fn, reply, ctype, is_json: bool, held: list[int]) -> Response:
+        from relyscope.collector.otlp import Limits, _decompress
+
         chunks, size = [], 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                        f"request body exceeds the limit of {limit} bytes", is_json)
-                chunks.append(chunk)
+            async with asyncio.timeout(read_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                            f"request body exceeds the limit of {limit} bytes", is_json)
+                    if not budget.try_acquire(len(chunk)):
+                        return over_budget(is_json)
+                    held[0] += len(chunk)
+                    chunks.append(chunk)
         except ClientDisconnect:
             return status_reply(400, grpc.StatusCode.INVALID_ARGUMENT, "client disconnected before the body ended",
                                 is_json)
+        except TimeoutError:
+            return status_reply(408, grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request body not received within {read_timeout} s", is_json, {"Connection": "close"})
         try:
             body = _decompress(b"".join(chunks), request.headers.get("content-encoding"), Limits(max_body_bytes=limit))
             await run_in_threadpool(fn, pipeline, body, is_json)
