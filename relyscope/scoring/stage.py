@@ -1,0 +1,218 @@
+"""The scoring stage: recompute, store and publish the scores of groups whose trials changed.
+
+A group is (agent, version, run kind). The worker marks groups dirty (:meth:`ScoreStage.mark_dirty`)
+when it stores their trials; a scorer thread (:meth:`ScoreStage.run`) rescores them every
+``score_interval_s``: it loads the group's trials from the store with their outcomes resolved
+(metrics.md §6), asks the configured LLM judge about undecided ones, grades and scores them
+(:func:`relyscope.scorers.review.score_reviewed`), stores score and grade rows and swaps the
+published ``scores`` dict in one reference assignment.
+
+Thread-safety: ``mark_dirty`` may be called from any thread; ``rescore`` is serialized.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable
+
+from relyscope.config import Settings
+from relyscope.model import Trial
+from relyscope.scorers.outcomes import apply_outcomes
+from relyscope.scorers.policy import Policy
+from relyscope.scorers.profile import GroupScore
+from relyscope.scorers.review import GroupReview, score_reviewed
+from relyscope.store import Store, StoreUnavailable
+
+__all__ = ["ScoreStage", "GroupKey", "score_rows", "grade_rows_of"]
+
+log = logging.getLogger("relyscope.scoring")
+
+GroupKey = tuple[str, str, str]  # (agent, version, run_kind)
+
+
+class ScoreStage:
+    """Owns the latest scores and the set of groups waiting to be rescored.
+
+    ``store_error`` is called with the :class:`StoreUnavailable` of a failed score/grade write
+    (the scores are still published; the write is retried on the next rescore of the group).
+    """
+
+    def __init__(self, settings: Settings, store: Store, policy: Policy | None, *,
+                 stop: threading.Event | None = None,
+                 store_error: Callable[[StoreUnavailable], None] | None = None):
+        self.settings = settings
+        self.store = store
+        self.policy = policy
+        self._stop = stop or threading.Event()
+        self._on_store_error = store_error or (lambda e: None)
+        self.scores: dict[GroupKey, GroupScore] = {}
+        self._dirty_groups: set[GroupKey] = set()
+        self._score_lock = threading.Lock()
+        self._rescore_lock = threading.Lock()
+        self._extras: dict[GroupKey, dict] = {}
+
+    def mark_dirty(self, groups) -> None:
+        """Queue groups (iterable of :data:`GroupKey`) for the next rescore. Any thread."""
+        with self._score_lock:
+            self._dirty_groups.update(groups)
+
+    def run(self) -> None:
+        """The scorer thread's body: rescore every ``score_interval_s`` until ``stop`` is set."""
+        self._score_loop()
+
+    def _score_loop(self) -> None:
+        # at start, score every group already in the store: after a restart the gauges and the
+        # report would otherwise stay empty until new spans arrive (dashboards go blank)
+        first = True
+        while first or not self._stop.wait(self.settings.score_interval_s):
+            try:
+                self.rescore(all_groups=first)
+                first = False
+            except Exception:  # noqa: BLE001 - store may be down: retry next interval
+                log.exception("scoring failed")
+                first = not self.scores
+
+    def load_trials(self, **filters) -> list[Trial]:
+        """Trials from the store with their outcomes resolved (metrics.md §6). Filters as
+        :meth:`relyscope.store.Store.load_trials`."""
+        judged = self.store.judgements() if self.settings.judge_url else None
+        return apply_outcomes(self.store.load_trials(**filters), self.store.outcomes(), judged)
+
+    def _windowed_trials(self, **filters) -> list[Trial]:
+        """Trials to score: with ``score_window_s`` set, those that ended within the window (rolling
+        metrics), except offline imports, which always count; else every stored trial."""
+        window = self.settings.score_window_s
+        if window is None or filters.get("run_kind") == "offline":
+            return self.load_trials(**filters)
+        since = time.time_ns() - int(window * 1e9)
+        recent = [t for t in self.load_trials(**filters, since_ns=since) if t.run_kind != "offline"]
+        if "run_kind" in filters:
+            return recent
+        return recent + self.load_trials(**{**filters, "run_kind": "offline"})
+
+    def _resolved_trials(self, **filters) -> list[Trial]:
+        trials = self._windowed_trials(**filters)
+        if self.settings.judge_url:
+            undecided = [t for t in trials if t.outcome == "unknown" and t.status == "complete"]
+            if undecided and self._judge(undecided):
+                trials = self._windowed_trials(**filters)
+        return trials
+
+    def _judge(self, trials: list[Trial]) -> int:
+        """Ask the configured LLM judge about up to ``judge_max_per_cycle`` undecided trials; store
+        the verdicts. Network errors are logged and retried next cycle. Returns verdicts stored."""
+        import httpx
+
+        from relyscope.scorers.judge import judge_request, parse_judge_reply
+
+        s = self.settings
+        headers = {"Authorization": f"Bearer {s.judge_api_key.get_secret_value()}"} if s.judge_api_key else {}
+        url = s.judge_url.rstrip("/") + "/chat/completions"
+        stored = 0
+        for t in trials[: s.judge_max_per_cycle]:
+            try:
+                r = httpx.post(url, json=judge_request(t, s.judge_model), headers=headers, timeout=s.judge_timeout_s)
+                r.raise_for_status()
+                ev = parse_judge_reply(r.json())
+            except (httpx.HTTPError, ValueError) as e:
+                log.warning("LLM judge call failed: %s", e)
+                break
+            if ev is not None:
+                self.store.insert_judgement(t.trial_id, ev, s.judge_model)
+                stored += 1
+        return stored
+
+    def report_extras(self, scores: dict) -> dict:
+        """Per-group additions to the report (violations, attribution, worst tasks)."""
+        return {g: self._extras[g] for g in scores if g in self._extras}
+
+    def rescore(self, *, all_groups: bool = False) -> dict[GroupKey, GroupScore]:
+        """Recompute scores of changed groups (or all) from the store; store and publish them.
+
+        Serialized: two overlapping rescores (the scorer thread and a flush) could otherwise
+        publish in the wrong order, the older snapshot of the trials overwriting the newer."""
+        with self._rescore_lock:
+            return self._rescore(all_groups)
+
+    def _rescore(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
+        with self._score_lock:
+            groups = set(self._dirty_groups)
+            self._dirty_groups.clear()
+        if not all_groups and not groups:
+            return dict(self.scores)
+        try:
+            if all_groups:
+                trials = self._resolved_trials()
+            else:  # only the groups whose trials changed: the store holds every other one
+                trials = [t for g in groups for t in self._resolved_trials(agent=g[0], version=g[1], run_kind=g[2])]
+        except Exception:
+            with self._score_lock:  # try these groups again next time
+                self._dirty_groups.update(groups)
+            raise
+        by_group: dict[GroupKey, list[Trial]] = collections.defaultdict(list)
+        for t in trials:
+            by_group[(t.agent_name, t.agent_version, t.run_kind)].append(t)
+        if all_groups:
+            groups = set(by_group)
+        rows, grade_rows = [], []
+        scores = dict(self.scores)
+        for g in groups:
+            if g not in by_group:
+                continue
+            gs, rv = score_reviewed(by_group[g], self.policy, n_boot=self.settings.n_boot, seed=0,
+                                    max_k=self.settings.max_k)
+            scores[g] = gs
+            self._extras[g] = rv.extras
+            rows += score_rows(g, gs, by_group[g], n_boot=self.settings.n_boot)
+            grade_rows += grade_rows_of(g, rv)
+        self.scores = scores  # one reference swap: readers never see a dict being changed
+        try:
+            self.store.insert_scores(rows)
+            self.store.insert_grades(grade_rows)
+        except StoreUnavailable as e:
+            self._on_store_error(e)
+        return dict(self.scores)
+
+
+def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
+    """Rows for the ``grades`` table: one per trial, the grade as JSON, versioned by time."""
+    import dataclasses as _dc
+    import json
+
+    from relyscope.semconv import FORMULA_SET
+
+    now = time.time_ns()
+    out = []
+    for i, (tid, g) in enumerate(sorted(rv.grades.items())):
+        d = _dc.asdict(g)
+        out.append({"trial_id": tid, "agent": group[0], "version": group[1], "run_kind": group[2],
+                    "grade": json.dumps(d, default=str, ensure_ascii=True), "severity": float(g.severity),
+                    "attribution": g.attribution.category.value if g.attribution else "",
+                    "valid": bool(g.valid), "formula_set": FORMULA_SET, "version_ns": now + i})
+    return out
+
+
+def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: int) -> list[dict]:
+    """Rows for the ``scores`` table (one per metric), each naming how it was made."""
+    import json
+    import math
+
+    from relyscope.semconv import FORMULA_SET
+
+    start = min((t.start_ns for t in trials), default=0) / 1e9
+    end = max((t.end_ns for t in trials), default=0) / 1e9
+    now = time.time()
+    rows = []
+    for metric, mv in gs.metrics.items():
+        rows.append({
+            "formula_set": FORMULA_SET, "agent": group[0], "version": group[1], "run_kind": group[2],
+            "metric": metric, "value": None if math.isnan(mv.value) else mv.value,
+            "ci_low": mv.ci[0] if mv.ci else None, "ci_high": mv.ci[1] if mv.ci else None,
+            "n_tasks": mv.n_tasks, "n_trials": mv.n_trials, "window_start": start,
+            "window_end": end, "n_boot": n_boot, "params": json.dumps({"ci": 0.95, "seed": 0}),
+            "computed_at": now,
+        })
+    return rows
