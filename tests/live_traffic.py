@@ -8,7 +8,7 @@ import random
 
 from relyscope.model import Op, Step, Trial
 
-ACTIONS = ("llm", "search", "refund", "lookup", "confirm")
+ACTIONS = ("llm", "search", "issue_refund", "lookup", "drop_database")
 
 
 def make_trial(rng: random.Random, i: int, *, task: str, end_ns: int, agent: str = "support",
@@ -16,7 +16,8 @@ def make_trial(rng: random.Random, i: int, *, task: str, end_ns: int, agent: str
     n_steps = rng.randint(1, 5)
     steps = tuple(
         Step(span_id=f"{i:08x}{j:08x}", parent_span_id="", action=a, op=Op.LLM if a == "llm" else Op.TOOL,
-             name=a, start_ns=j, end_ns=j + 1)
+             name=a, start_ns=j, end_ns=j + 1, tool_name=None if a == "llm" else a,
+             arguments={"amount": 5, "order": {"total": 3}} if a == "issue_refund" else None)
         for j, a in enumerate(rng.choice(ACTIONS) for _ in range(n_steps)))
     r = rng.random()
     outcome = "unknown" if r < 0.1 else "success" if rng.random() < p_success else "failure"
