@@ -49,6 +49,13 @@ class Settings(BaseSettings):
     score_window_s: float | None = Field(
         None, gt=0, description="rolling window of the live scores: trials that ended in the last N seconds "
         "(offline imports always count); None = all stored trials")
+    score_windows: str = Field(
+        "5m,1h,24h,7d,all", description="sliding windows the live scores are computed over (comma list of "
+        "<n>s|m|h|d or 'all'; exported as the gauges' window label); offline imports are always all-time")
+    traj_sample: int = Field(50, ge=2, description="C_traj_d / C_traj_s of a task in a window use its most "
+                             "recent N successful runs (bounds the cost of trajectory metrics)")
+    incremental_scoring: bool = Field(True, description="score from the per-task rollups in ClickHouse "
+                                      "(cost follows the traffic); false: reload every trial each cycle")
     max_k: int = Field(20, ge=1, description="largest k of pass@k / pass^k reported (bounds gauges and "
                        "cost when a fingerprinted task repeats thousands of times)")
     n_boot: int = Field(2000, ge=0, description="bootstrap resamples for CIs (0 disables)")
@@ -66,6 +73,14 @@ class Settings(BaseSettings):
     judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
     fault_store_down_file: str | None = Field(
         None, description="chaos testing: while this file exists, every store write fails as if ClickHouse were down")
+
+    @field_validator("score_windows")
+    @classmethod
+    def _windows(cls, v: str) -> str:
+        from relyscope.scoring.windows import parse_windows
+
+        parse_windows(v)  # ValueError → a validation error naming the bad window
+        return v
 
     @field_validator("otlp_grpc", "otlp_http", "api")
     @classmethod

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "alerts" / "relyscope-rules.yml"
 RULE_TESTS = DEPLOY / "alerts" / "relyscope-rules.test.yml"
-SCORE_LABELS = {"agent", "version", "run_kind", "metric", "k"}
+SCORE_LABELS = {"agent", "version", "run_kind", "metric", "k", "window"}
 
 
 def exposed_metric_names() -> set[str]:

@@ -2,12 +2,14 @@
 
 Reliability gauges are built at scrape time from the latest group scores:
 
-- ``relyscope_score{agent,version,run_kind,metric,k}`` — the metric value (0–1); ``metric`` is the
-  metrics.md §11 key (``pass^2``, ``C_out``, …), ``k`` the k of pass@k / pass^k (empty otherwise).
+- ``relyscope_score{agent,version,run_kind,metric,k,window}`` — the metric value (0–1); ``metric``
+  is the metrics.md §11 key (``pass^2``, ``C_out``, …), ``k`` the k of pass@k / pass^k (empty
+  otherwise), ``window`` the sliding window it covers (``5m``, ``1h``, ``24h``, ``7d``, ``all`` by
+  default: ``RELYSCOPE_SCORE_WINDOWS``; offline imports carry their all-time value in every window).
   Undefined (NaN) metrics are skipped, never exported as 0.
 - ``relyscope_score_ci_low`` / ``relyscope_score_ci_high`` — 95 % task-clustered bootstrap bounds.
 - ``relyscope_score_tasks`` — tasks the value is based on.
-- ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete}``.
+- ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete,window}``.
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
@@ -39,18 +41,28 @@ class _ReliabilityCollector(Collector):
 
     def collect(self):
         p = self.p
-        labels = ["agent", "version", "run_kind", "metric", "k"]
+        labels = ["agent", "version", "run_kind", "metric", "k", "window"]
         val = GaugeMetricFamily("relyscope_score", "Reliability metric value (metrics.md, formula set relyscope-v1)", labels=labels)
         lo = GaugeMetricFamily("relyscope_score_ci_low", "Lower bound of the 95% task-clustered bootstrap CI", labels=labels)
         hi = GaugeMetricFamily("relyscope_score_ci_high", "Upper bound of the 95% task-clustered bootstrap CI", labels=labels)
         nt = GaugeMetricFamily("relyscope_score_tasks", "Tasks the metric value is based on", labels=labels)
-        tr = GaugeMetricFamily("relyscope_group_trials", "Trials per group", labels=["agent", "version", "run_kind", "kind"])
-        for (agent, version, run_kind), gs in sorted(p.scores.items()):
+        tr = GaugeMetricFamily("relyscope_group_trials", "Trials per group",
+                               labels=["agent", "version", "run_kind", "kind", "window"])
+        scoring = getattr(p, "scoring", None)
+        by_window = getattr(scoring, "window_scores", None) or {getattr(scoring, "primary_window", "all"): p.scores}
+        for window, scores in sorted(by_window.items()):
+            self._group(window, scores, val, lo, hi, nt, tr)
+        yield from (val, lo, hi, nt, tr)
+        yield from self._self_metrics(p)
+
+    @staticmethod
+    def _group(window, scores, val, lo, hi, nt, tr):
+        for (agent, version, run_kind), gs in sorted(scores.items()):
             for name, mv in gs.metrics.items():
                 if mv.value is None or math.isnan(mv.value):
                     continue
                 k = name[5:] if name.startswith(("pass^", "pass@")) else ""
-                lv = [agent, version, run_kind, name, k]
+                lv = [agent, version, run_kind, name, k, window]
                 val.add_metric(lv, float(mv.value))
                 nt.add_metric(lv, mv.n_tasks)
                 if mv.ci is not None and not any(math.isnan(c) for c in mv.ci):
@@ -58,11 +70,11 @@ class _ReliabilityCollector(Collector):
                     hi.add_metric(lv, float(mv.ci[1]))
             incomplete = getattr(gs, "incomplete_trials", 0)
             # kinds partition the trials (a trial both invalid and incomplete counts as invalid)
-            tr.add_metric([agent, version, run_kind, "valid"], gs.trials - gs.invalid_trials - incomplete)
-            tr.add_metric([agent, version, run_kind, "invalid"], gs.invalid_trials)
-            tr.add_metric([agent, version, run_kind, "incomplete"], incomplete)
-        yield from (val, lo, hi, nt, tr)
+            tr.add_metric([agent, version, run_kind, "valid", window], gs.trials - gs.invalid_trials - incomplete)
+            tr.add_metric([agent, version, run_kind, "invalid", window], gs.invalid_trials)
+            tr.add_metric([agent, version, run_kind, "incomplete", window], incomplete)
 
+    def _self_metrics(self, p):
         s = p.stats
         yield CounterMetricFamily("relyscope_spans_received", "Spans received over OTLP", value=s.received)
         yield CounterMetricFamily("relyscope_spans_accepted", "Spans accepted (durably spooled)", value=s.accepted)

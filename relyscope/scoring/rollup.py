@@ -82,11 +82,13 @@ ROLLUP_SCHEMA: Final = [
     ) ENGINE = Null""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.task_stats (
         agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
-        level UInt8, bucket DateTime('UTC'), task_id String, {_SUMS}
+        level UInt8, bucket DateTime('UTC'), task_id String, {_SUMS},
+        max_end SimpleAggregateFunction(max, DateTime64(9, 'UTC'))
     ) ENGINE = SummingMergeTree
     ORDER BY (agent, version, run_kind, level, bucket, task_id)""",
     f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.task_stats_mv TO {{db}}.task_stats AS
-        SELECT agent, version, run_kind, lv.1 AS level, lv.2 AS bucket, task_id, {", ".join(_SUM_NAMES)}
+        SELECT agent, version, run_kind, lv.1 AS level, lv.2 AS bucket, task_id, {", ".join(_SUM_NAMES)},
+               end_time AS max_end
         FROM {{db}}.contrib_log ARRAY JOIN {_LEVEL_ARRAY} AS lv""",
     """CREATE TABLE IF NOT EXISTS {db}.conf_stats (
         agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
@@ -178,6 +180,9 @@ class Rollup:
         self.judge = judge
         self.traj_sample = traj_sample
         self._lock = threading.Lock()
+        #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
+        #: caller empties it
+        self.undecided: list[Trial] = []
         for ddl in ROLLUP_SCHEMA:
             _command(store, ddl)
 
@@ -239,6 +244,8 @@ class Rollup:
         prev = self._current(all_ids)
         new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
         for t in apply_outcomes(trials, posted, judged):
+            if t.outcome == "unknown" and t.status == "complete":
+                self.undecided.append(t)
             pol = policy_for(self.policy, t.agent_name)
             g = grade_trial(t, pol)
             ctb = contribution(t, severity=g.severity if pol is not None else 0.0, invalid=not g.valid)
@@ -285,6 +292,13 @@ class Rollup:
             out[r[3]] = ((r[0], r[1], r[2]), _Current(r[4], int(r[5]), ctb))
         return out
 
+    def resolve(self, trials: list[Trial]) -> list[Trial]:
+        """``trials`` with their outcomes resolved (metrics.md §6), reading only the posted
+        outcomes and verdicts that name them."""
+        ids = [t.trial_id for t in trials]
+        return apply_outcomes(trials, self._outcomes_for(ids, {t.trace_id for t in trials}),
+                              self._judgements_for(ids) if self.judge else None)
+
     def _outcomes_for(self, trial_ids: list[str], trace_ids: set[str]):
         if not trial_ids and not trace_ids:
             return {}
@@ -318,11 +332,12 @@ class Rollup:
         p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s}
         where = "agent = %(a)s AND version = %(v)s AND run_kind = %(k)s AND level = %(l)s AND bucket >= toDateTime(%(s)s, 'UTC')"
         rows = self.store.query(
-            f"SELECT task_id, {', '.join(f'sum({c})' for c in _SUM_NAMES)} FROM {{db}}.task_stats "
-            f"WHERE {where} GROUP BY task_id HAVING sum(n_all) != 0 ORDER BY task_id", p)
+            f"SELECT task_id, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
+            f"FROM {{db}}.task_stats WHERE {where} GROUP BY task_id HAVING sum(n_all) != 0 ORDER BY task_id", p)
         ids = [r[0] for r in rows]
         idx = {t: i for i, t in enumerate(ids)}
-        sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[1:]] for r in rows],
+        max_end = max((int(r[1]) for r in rows), default=0)
+        sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[2:]] for r in rows],
                         dtype=object).reshape(len(ids), len(_SUM_NAMES))
         hist = [(idx[r[0]], float(r[1]), int(r[2]), int(r[3])) for r in self.store.query(
             f"SELECT task_id, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
@@ -336,7 +351,7 @@ class Rollup:
                 "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
             if r[0] in idx:
                 traj[idx[r[0]]].append(tuple(r[1]))
-        return TaskStats(ids, sums, hist, traj)
+        return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
 
 
 def _command(store: Store, ddl: str) -> None:

@@ -23,7 +23,10 @@ from relyscope.model import Trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.profile import GroupScore
-from relyscope.scorers.review import GroupReview, score_reviewed
+from relyscope.scorers.review import GroupReview, policy_for, review_group, score_reviewed
+from relyscope.scoring.rollup import Rollup, window_start
+from relyscope.scoring.stats import score_stats
+from relyscope.scoring.windows import parse_windows, window_name
 from relyscope.store import Store, StoreUnavailable
 
 __all__ = ["ScoreStage", "GroupKey", "score_rows", "grade_rows_of"]
@@ -53,6 +56,21 @@ class ScoreStage:
         self._score_lock = threading.Lock()
         self._rescore_lock = threading.Lock()
         self._extras: dict[GroupKey, dict] = {}
+        windows = parse_windows(settings.score_windows)
+        if settings.score_window_s is not None:  # the legacy single window: primary, and scored too
+            name = window_name(settings.score_window_s)
+            if name not in [n for n, _ in windows]:
+                windows.append((name, float(settings.score_window_s)))
+            self.primary_window = name
+        else:
+            self.primary_window = "all" if "all" in [n for n, _ in windows] else windows[-1][0]
+        self.windows: list[tuple[str, float | None]] = windows
+        #: window name → group → score (offline groups: their all-time score in every window)
+        self.window_scores: dict[str, dict[GroupKey, GroupScore]] = {}
+        self._rollup: Rollup | None = None
+        self._scored_since: dict[tuple[GroupKey, str], int] = {}  # window start last scored
+        self._changed: set[GroupKey] = set()  # changed in the rollup, not yet rescored
+        self._undecided: collections.OrderedDict[str, Trial] = collections.OrderedDict()
 
     def mark_dirty(self, groups) -> None:
         """Queue groups (iterable of :data:`GroupKey`) for the next rescore. Any thread."""
@@ -135,7 +153,91 @@ class ScoreStage:
         Serialized: two overlapping rescores (the scorer thread and a flush) could otherwise
         publish in the wrong order, the older snapshot of the trials overwriting the newer."""
         with self._rescore_lock:
+            if self.settings.incremental_scoring:
+                return self._rescore_incremental(all_groups)
             return self._rescore(all_groups)
+
+    # ---- incremental scoring from the rollups -------------------------------------------------
+    def rollup(self) -> Rollup:
+        """The store's rollups (created on first use: the store may be down at start)."""
+        if self._rollup is None:
+            self._rollup = Rollup(self.store, self.policy, judge=bool(self.settings.judge_url),
+                                  traj_sample=self.settings.traj_sample)
+        return self._rollup
+
+    def _sync(self) -> None:
+        ru = self.rollup()
+        self._changed |= ru.sync()
+        for t in ru.undecided:
+            self._undecided[t.trial_id] = t
+            self._undecided.move_to_end(t.trial_id)
+        while len(self._undecided) > 10_000:  # bounded: the oldest undecided are given up on
+            self._undecided.popitem(last=False)
+        ru.undecided = []
+
+    def _rescore_incremental(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
+        """Fold the changes since the last cycle into the rollups, then rescore each (group,
+        window) whose statistics changed or whose window start moved to the next bucket; an
+        unchanged window is not recomputed. Cost: the changed trials plus, per rescored window,
+        its tasks (× B for the bootstrap) — never the trial history."""
+        with self._score_lock:
+            self._dirty_groups.clear()  # the rollup's watermarks find every change
+        self._sync()
+        if self.settings.judge_url and self._undecided:
+            pending = list(self._undecided.values())
+            if self._judge(pending):
+                self._sync()  # fold the verdicts in now
+            for t in pending[: self.settings.judge_max_per_cycle]:
+                self._undecided.pop(t.trial_id, None)
+        ru = self.rollup()
+        groups = set(ru.groups()) if all_groups or not self.window_scores else \
+            set(self.window_scores.get(self.primary_window, {})) | self._changed
+        now = time.time()
+        out = {name: dict(self.window_scores.get(name, {})) for name, _ in self.windows}
+        rows, grade_rows = [], []
+        for g in sorted(groups):
+            changed = g in self._changed or all_groups
+            measured = policy_for(self.policy, g[0]) is not None
+            wins = [("all", None)] if g[2] == "offline" else self.windows
+            for name, length in wins:
+                since = window_start(now, length)
+                if not changed and self._scored_since.get((g, name)) == since:
+                    continue
+                st = ru.window_stats(g, since, length)
+                gs = score_stats(st, safety_measured=measured,
+                                 n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k)
+                self._scored_since[(g, name)] = since
+                targets = [n for n, _ in self.windows] if g[2] == "offline" else [name]
+                for n in targets:
+                    out[n][g] = gs
+                if name == self.primary_window or (g[2] == "offline"):
+                    # window end: the latest trial end in it, so rescoring unchanged data
+                    # writes the same row (the scores table is a ReplacingMergeTree on it)
+                    rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, self.settings.n_boot, name)
+            if changed:
+                ex, gr = self._review(g, now)
+                self._extras[g] = ex
+                grade_rows += gr
+        self._changed -= groups
+        self.window_scores = out
+        self.scores = out.get(self.primary_window, {})  # one reference swap per dict
+        try:
+            self.store.insert_scores(rows)
+            self.store.insert_grades(grade_rows)
+        except StoreUnavailable as e:
+            self._on_store_error(e)
+        return dict(self.scores)
+
+    def _review(self, g: GroupKey, now: float) -> tuple[dict, list[dict]]:
+        """Report sections beyond the metrics (violations, attribution, control rates, worst
+        tasks) and grade rows, from the group's trials of the last hour (offline imports: all of
+        them) — bounded by the traffic, not the history."""
+        since = None if g[2] == "offline" else int((now - 3600) * 1e9)
+        trials = self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2],
+                                        **({} if since is None else {"since_ns": since}))
+        trials = self.rollup().resolve(trials)
+        rv = review_group(trials, policy_for(self.policy, g[0]))
+        return rv.extras, grade_rows_of(g, rv)
 
     def _rescore(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
         with self._score_lock:
@@ -216,3 +318,20 @@ def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: 
             "computed_at": now,
         })
     return rows
+
+
+def _window_rows(group: GroupKey, gs: GroupScore, since_s: int, end_s: float, n_boot: int, window: str) -> list[dict]:
+    """Rows for the ``scores`` table of one window's scores (window bounds in Unix seconds)."""
+    import json
+    import math
+
+    from relyscope.semconv import FORMULA_SET
+
+    return [{
+        "formula_set": FORMULA_SET, "agent": group[0], "version": group[1], "run_kind": group[2],
+        "metric": metric, "value": None if math.isnan(mv.value) else mv.value,
+        "ci_low": mv.ci[0] if mv.ci else None, "ci_high": mv.ci[1] if mv.ci else None,
+        "n_tasks": mv.n_tasks, "n_trials": mv.n_trials, "window_start": float(since_s), "window_end": end_s,
+        "n_boot": n_boot, "params": json.dumps({"ci": 0.95, "seed": 0, "window": window}),
+        "computed_at": time.time(),
+    } for metric, mv in gs.metrics.items()]

@@ -150,12 +150,14 @@ class TaskStats:
     ``task_ids`` sorted; ``sums`` ``(n_tasks, len(SUM_COLUMNS))`` (object dtype: Python ints, so
     Int128 sums stay exact); ``hist`` ``(task index, q, successes, failures)`` rows of the
     confidence histogram; ``trajectories[i]`` the action sequences of task i's successful nominal
-    runs used for C_traj (all of them, or the live scorer's bounded sample)."""
+    runs used for C_traj (all of them, or the live scorer's bounded sample). ``max_end_ns``: the
+    latest end time (Unix ns) of a trial folded into these buckets (0: unknown)."""
 
     task_ids: list[str]
     sums: NDArray[Any]
     hist: list[tuple[int, float, int, int]] = field(default_factory=list)
     trajectories: list[list[tuple[str, ...]]] = field(default_factory=list)
+    max_end_ns: int = 0
 
     def col(self, name: str) -> NDArray[Any]:
         return self.sums[:, _COL_INDEX[name]] if self.sums.size else np.zeros(0, dtype=object)
