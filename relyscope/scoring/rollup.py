@@ -46,7 +46,7 @@ from relyscope.model import Evaluation, Trial
 from relyscope.scorers.graders import grade_trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
-from relyscope.scorers.review import policy_for
+from relyscope.scorers.review import GroupReview, policy_for
 from relyscope.scoring.stats import SUM_COLUMNS, Contribution, TaskStats, contribution
 from relyscope.store import Store
 
@@ -168,17 +168,19 @@ class Rollup:
     ``policy``: the sidecar's safety policy (applied per agent as the batch scorer does; None:
     safety not measured). ``judge``: whether LLM-judge verdicts count (a judge is configured).
     ``traj_sample``: M, the most recent successful runs per task used for C_traj (default 50).
+    ``write_grades``: also store each changed trial's grade in the ``grades`` table.
     Thread-safety: ``sync`` is serialized; reads may run beside it.
     """
 
     def __init__(self, store: Store, policy: Policy | None = None, *, judge: bool = False,
-                 traj_sample: int = 50):
+                 traj_sample: int = 50, write_grades: bool = True):
         if traj_sample < 2:
             raise ValueError("traj_sample must be >= 2 (C_traj needs two runs of a task)")
         self.store = store
         self.policy = policy
         self.judge = judge
         self.traj_sample = traj_sample
+        self.write_grades = write_grades
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
@@ -243,13 +245,16 @@ class Rollup:
         judged = self._judgements_for(ids) if self.judge else None
         prev = self._current(all_ids)
         new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
+        grades: dict[GroupKey, dict] = {}
         for t in apply_outcomes(trials, posted, judged):
             if t.outcome == "unknown" and t.status == "complete":
                 self.undecided.append(t)
             pol = policy_for(self.policy, t.agent_name)
             g = grade_trial(t, pol)
             ctb = contribution(t, severity=g.severity if pol is not None else 0.0, invalid=not g.valid)
-            new_state[t.trial_id] = ((t.agent_name, t.agent_version, t.run_kind), _Current(t.task_id, t.end_ns, ctb))
+            group = (t.agent_name, t.agent_version, t.run_kind)
+            new_state[t.trial_id] = (group, _Current(t.task_id, t.end_ns, ctb))
+            grades.setdefault(group, {})[t.trial_id] = g
         now = time.time_ns()
         rows: list[list] = []
         changed: set[GroupKey] = set()
@@ -266,6 +271,15 @@ class Rollup:
         # one INSERT: the rollups, the trajectory sample and the current contributions are all
         # written by the materialized views of this one block
         self.store._insert("contrib_log", rows, _LOG_COLS)
+        if self.write_grades:
+            from relyscope.scoring.stage import grade_rows_of  # the grades table's row shape
+
+            grade_rows = []
+            for group, gr in grades.items():
+                if group in changed:
+                    gr = {tid: g for tid, g in gr.items() if prev.get(tid) != new_state.get(tid)}
+                    grade_rows += grade_rows_of(group, GroupReview(gr, {}, frozenset(), {}))
+            self.store.insert_grades(grade_rows)
         return changed
 
     @staticmethod

@@ -35,6 +35,8 @@ log = logging.getLogger("relyscope.scoring")
 
 GroupKey = tuple[str, str, str]  # (agent, version, run_kind)
 
+_REVIEW_EVERY_S = 60.0  # report sections of a changing group are recomputed at most this often
+
 
 class ScoreStage:
     """Owns the latest scores and the set of groups waiting to be rescored.
@@ -71,6 +73,7 @@ class ScoreStage:
         self._scored_since: dict[tuple[GroupKey, str], int] = {}  # window start last scored
         self._changed: set[GroupKey] = set()  # changed in the rollup, not yet rescored
         self._undecided: collections.OrderedDict[str, Trial] = collections.OrderedDict()
+        self._reviewed_at: dict[GroupKey, float] = {}
 
     def mark_dirty(self, groups) -> None:
         """Queue groups (iterable of :data:`GroupKey`) for the next rescore. Any thread."""
@@ -194,9 +197,11 @@ class ScoreStage:
             set(self.window_scores.get(self.primary_window, {})) | self._changed
         now = time.time()
         out = {name: dict(self.window_scores.get(name, {})) for name, _ in self.windows}
-        rows, grade_rows = [], []
+        rows: list[dict] = []
         for g in sorted(groups):
-            changed = g in self._changed or all_groups
+            # all_groups (start, flush, a posted outcome) need not redo unchanged windows: the
+            # sync above found every change; only groups never published are new here
+            changed = g in self._changed or g not in out.get(self.primary_window, {})
             measured = policy_for(self.policy, g[0]) is not None
             wins = [("all", None)] if g[2] == "offline" else self.windows
             for name, length in wins:
@@ -214,30 +219,29 @@ class ScoreStage:
                     # window end: the latest trial end in it, so rescoring unchanged data
                     # writes the same row (the scores table is a ReplacingMergeTree on it)
                     rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, self.settings.n_boot, name)
-            if changed:
-                ex, gr = self._review(g, now)
-                self._extras[g] = ex
-                grade_rows += gr
+            due = all_groups or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S or g not in self._extras
+            if changed and due:
+                self._extras[g] = self._review(g, now)
+                self._reviewed_at[g] = now
         self._changed -= groups
         self.window_scores = out
         self.scores = out.get(self.primary_window, {})  # one reference swap per dict
         try:
             self.store.insert_scores(rows)
-            self.store.insert_grades(grade_rows)
         except StoreUnavailable as e:
             self._on_store_error(e)
         return dict(self.scores)
 
-    def _review(self, g: GroupKey, now: float) -> tuple[dict, list[dict]]:
+    def _review(self, g: GroupKey, now: float) -> dict:
         """Report sections beyond the metrics (violations, attribution, control rates, worst
-        tasks) and grade rows, from the group's trials of the last hour (offline imports: all of
-        them) — bounded by the traffic, not the history."""
+        tasks) from the group's trials of the last hour (offline imports: all of them) — bounded
+        by the traffic, not the history; refreshed at most every ``_REVIEW_EVERY_S`` per group.
+        (Per-trial grades are stored by the rollup as trials change.)"""
         since = None if g[2] == "offline" else int((now - 3600) * 1e9)
         trials = self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2],
                                         **({} if since is None else {"since_ns": since}))
         trials = self.rollup().resolve(trials)
-        rv = review_group(trials, policy_for(self.policy, g[0]))
-        return rv.extras, grade_rows_of(g, rv)
+        return review_group(trials, policy_for(self.policy, g[0])).extras
 
     def _rescore(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
         with self._score_lock:
