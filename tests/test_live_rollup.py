@@ -110,6 +110,10 @@ def test_incremental_equals_batch_through_late_changes_and_restart(store):
     restarted.sync()
     check_all_windows(store, restarted)
 
+    # a rebuild from the history gives the same statistics
+    assert restarted.rebuild() == set(GROUPS)
+    check_all_windows(store, restarted)
+
 
 def test_trajectory_sample_is_most_recent_m(store):
     """With M = 2, C_traj of a task uses its two most recent successful runs only."""

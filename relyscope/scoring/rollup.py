@@ -332,6 +332,15 @@ class Rollup:
                                 "WHERE trial_id IN %(ids)s", {"ids": sorted(trial_ids)})
         return {r[0]: Evaluation(name=r[1], score=r[2], label=r[3], explanation=r[4]) for r in rows}
 
+    def rebuild(self) -> set[GroupKey]:
+        """Empty the rollups and fold the whole stored history in again (the repair after a
+        partly applied batch, or after changing the policy; cost: the history, once).
+        Returns the groups found. Raises StoreUnavailable."""
+        with self._lock:
+            for table in ROLLUP_TABLES:
+                _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
+        return self.sync()
+
     # ---- reads ----------------------------------------------------------------------------------
     def groups(self) -> list[GroupKey]:
         """Every group with an all-time rollup."""
