@@ -181,6 +181,7 @@ class Rollup:
         self.judge = judge
         self.traj_sample = traj_sample
         self.write_grades = write_grades
+        self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
@@ -209,7 +210,9 @@ class Rollup:
             q = self.store.query
             rows = q("SELECT trial_id, trace_id, version_ns FROM {db}.trials WHERE version_ns > %(w)s",
                      {"w": max(0, wt - OVERLAP_NS)})
-            trace_ids = {r[1] for r in rows}
+            # rows of the overlap already folded by this process need no second pass
+            fresh = [r for r in rows if self._seen.get(r[0]) != int(r[2])]
+            trace_ids = {r[1] for r in fresh}
             new_wt = max([wt] + [int(r[2]) for r in rows])
             orows = q("SELECT key_kind, key, toUnixTimestamp64Nano(posted_at) FROM {db}.outcomes "
                       "WHERE posted_at > fromUnixTimestamp64Nano(%(w)s)", {"w": max(0, wo - OVERLAP_NS)})
@@ -230,6 +233,9 @@ class Rollup:
             for i in range(0, len(tids), _BATCH):
                 changed |= self._refold(tids[i:i + _BATCH])
             self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj})
+            self._seen.update((r[0], int(r[2])) for r in fresh)
+            horizon = new_wt - OVERLAP_NS
+            self._seen = {k: v for k, v in self._seen.items() if v > horizon}
             return changed
 
     def _refold(self, trace_ids: list[str]) -> set[GroupKey]:
@@ -339,6 +345,7 @@ class Rollup:
         with self._lock:
             for table in ROLLUP_TABLES:
                 _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
+            self._seen = {}
         return self.sync()
 
     # ---- reads ----------------------------------------------------------------------------------
