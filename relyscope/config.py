@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     score_windows: str = Field(
         "5m,1h,24h,7d,all", description="sliding windows the live scores are computed over (comma list of "
         "<n>s|m|h|d or 'all'; exported as the gauges' window label); offline imports are always all-time")
+    drift_current: str = Field("1h", description="drift (metrics.md §10): the current window …")
+    drift_reference: str = Field("24h", description="… against the reference window just before it")
+    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged when the "
+                                   "bootstrap CI of Δ excludes 0 and |Δ| exceeds this")
     traj_sample: int = Field(50, ge=2, description="C_traj_d / C_traj_s of a task in a window use its most "
                              "recent N successful runs (bounds the cost of trajectory metrics)")
     incremental_scoring: bool = Field(True, description="score from the per-task rollups in ClickHouse "
@@ -73,6 +77,15 @@ class Settings(BaseSettings):
     judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
     fault_store_down_file: str | None = Field(
         None, description="chaos testing: while this file exists, every store write fails as if ClickHouse were down")
+
+    @field_validator("drift_current", "drift_reference")
+    @classmethod
+    def _drift_window(cls, v: str) -> str:
+        from relyscope.scoring.windows import parse_windows
+
+        if len(parse_windows(v)) != 1 or parse_windows(v)[0][1] is None:
+            raise ValueError(f"bad drift window {v!r}: one window like 1h or 24h (not 'all')")
+        return v
 
     @field_validator("score_windows")
     @classmethod

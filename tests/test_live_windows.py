@@ -113,3 +113,34 @@ def test_restart_serves_the_same_window_scores_before_new_traffic(sidecar):
         assert got == pytest.approx({"5m": 1.0, "1h": 0.5, "24h": 0.5, "7d": 0.5, "all": 0.4})
     finally:
         sc.kill()
+
+
+def test_drift_gauges_and_report(tmp_path):
+    """Last hour vs the 24 h before: 10 tasks that all succeeded yesterday fail now → success
+    rate Δ = −1, CI [−1, −1] (every task changed alike), flagged; exported and in the report."""
+    now = time.time_ns()
+    hour = 3600 * 10**9
+    spans = [_root(100 + i, now - 5 * hour - i * 10**9, "production", True) for i in range(20)]
+    spans += [_root(200 + i, now - 60 * 10**9 - i * 10**9, "production", False) for i in range(20)]
+    for s in spans:
+        s["attributes"] = [a for a in s["attributes"] if a["key"] != "relyscope.task.id"] + [
+            {"key": "relyscope.task.id", "value": {"stringValue": f"d{int(s['traceId'], 16) % 10}"}},
+            {"key": "gen_ai.agent.name", "value": {"stringValue": "drifting"}}]
+        s["attributes"] = [a for a in s["attributes"] if not (a["key"] == "gen_ai.agent.name" and
+                                                             a["value"]["stringValue"] == "win")]
+    sc = start_sidecar(tmp_path)
+    try:
+        r = httpx.post(sc.otlp_http + "/v1/traces", json={"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]},
+                       timeout=30)
+        assert r.status_code == 200
+        sc.flush()
+        text = sc.get("/metrics").text
+        lines = {l.split("{")[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+                 if l.startswith("relyscope_drift") and 'agent="drifting"' in l and 'metric="success_rate"' in l}
+        assert lines == {"relyscope_drift_delta": -1.0, "relyscope_drift_ci_low": -1.0,
+                         "relyscope_drift_ci_high": -1.0, "relyscope_drift_flag": 1.0}
+        g = [g for g in sc.report()["groups"] if g["agent"] == "drifting"][0]
+        assert g["drift"]["metrics"]["success_rate"] == {"delta": -1.0, "ci": [-1.0, -1.0], "flagged": True}
+        assert (g["drift"]["current"], g["drift"]["reference"]) == ("1h", "24h")
+    finally:
+        sc.kill()

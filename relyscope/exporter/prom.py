@@ -10,6 +10,9 @@ Reliability gauges are built at scrape time from the latest group scores:
 - ``relyscope_score_ci_low`` / ``relyscope_score_ci_high`` — 95 % task-clustered bootstrap bounds.
 - ``relyscope_score_tasks`` — tasks the value is based on.
 - ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete,window}``.
+- ``relyscope_drift_delta{agent,version,run_kind,metric,k}`` (current − reference window, metrics.md
+  §10), ``relyscope_drift_ci_low`` / ``_ci_high`` (its 95 % bootstrap CI) and ``relyscope_drift_flag``
+  (1 = CI excludes 0 and |Δ| > ``RELYSCOPE_DRIFT_THRESHOLD``); live groups only.
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
@@ -53,7 +56,31 @@ class _ReliabilityCollector(Collector):
         for window, scores in sorted(by_window.items()):
             self._group(window, scores, val, lo, hi, nt, tr)
         yield from (val, lo, hi, nt, tr)
+        yield from self._drift(getattr(scoring, "drift", None) or {})
         yield from self._self_metrics(p)
+
+    @staticmethod
+    def _drift(drift):
+        labels = ["agent", "version", "run_kind", "metric", "k"]
+        d = GaugeMetricFamily("relyscope_drift_delta", "Current minus reference window value of the metric "
+                              "(metrics.md §10; default last 1h vs the 24h before)", labels=labels)
+        lo = GaugeMetricFamily("relyscope_drift_ci_low", "Lower bound of the 95% task-clustered bootstrap CI of "
+                               "the drift delta", labels=labels)
+        hi = GaugeMetricFamily("relyscope_drift_ci_high", "Upper bound of the 95% CI of the drift delta", labels=labels)
+        fl = GaugeMetricFamily("relyscope_drift_flag", "1 when the drift CI excludes 0 and |delta| exceeds "
+                               "RELYSCOPE_DRIFT_THRESHOLD, else 0", labels=labels)
+        for (agent, version, run_kind), per in sorted(drift.items()):
+            for name, x in per.items():
+                if math.isnan(x.delta):
+                    continue
+                k = name[5:] if name.startswith(("pass^", "pass@")) else ""
+                lv = [agent, version, run_kind, name, k]
+                d.add_metric(lv, x.delta)
+                fl.add_metric(lv, 1.0 if x.flagged else 0.0)
+                if x.ci is not None:
+                    lo.add_metric(lv, x.ci[0])
+                    hi.add_metric(lv, x.ci[1])
+        yield from (d, lo, hi, fl)
 
     @staticmethod
     def _group(window, scores, val, lo, hi, nt, tr):

@@ -121,6 +121,10 @@ ROLLUP_SCHEMA: Final = [
         SELECT agent, version, run_kind, trial_id, task_id, end_time, {", ".join(_SUM_NAMES)},
                q, y, actions, traj, sign > 0 AS alive, version_ns
         FROM {{db}}.contrib_log""",
+    # the rollup looks trials up by trace id and by version: skip indexes keep these lookups
+    # from scanning the trials table (parts written before the index existed are still scanned)
+    "ALTER TABLE {db}.trials ADD INDEX IF NOT EXISTS rs_trace_bf trace_id TYPE bloom_filter GRANULARITY 1",
+    "ALTER TABLE {db}.trials ADD INDEX IF NOT EXISTS rs_version_mm version_ns TYPE minmax GRANULARITY 1",
     """CREATE TABLE IF NOT EXISTS {db}.scoring_state (
         name String, value Int64, updated_ns UInt64
     ) ENGINE = ReplacingMergeTree(updated_ns) ORDER BY name""",
@@ -354,13 +358,16 @@ class Rollup:
         return [tuple(r) for r in self.store.query(
             "SELECT DISTINCT agent, version, run_kind FROM {db}.task_stats WHERE level = 3 ORDER BY 1, 2, 3")]
 
-    def window_stats(self, group: GroupKey, since_s: int, window_s: float | None) -> TaskStats:
+    def window_stats(self, group: GroupKey, since_s: int, window_s: float | None, *,
+                     until_s: int | None = None, level: int | None = None) -> TaskStats:
         """Per-task statistics of ``group`` over the buckets from ``since_s`` (Unix seconds; see
-        :func:`window_start`) at the level of ``window_s`` (None: all time), with the trajectory
-        sample (the most recent ``traj_sample`` successful runs per task that ended in the window)."""
-        level, _ = level_for(window_s)
-        p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s}
-        where = "agent = %(a)s AND version = %(v)s AND run_kind = %(k)s AND level = %(l)s AND bucket >= toDateTime(%(s)s, 'UTC')"
+        :func:`window_start`) — and before ``until_s`` if given — at the level of ``window_s``
+        (None: all time) unless ``level`` is given, with the trajectory sample (the most recent
+        ``traj_sample`` successful runs per task that ended in the window)."""
+        level = level if level is not None else level_for(window_s)[0]
+        p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s or 2**31}
+        where = ("agent = %(a)s AND version = %(v)s AND run_kind = %(k)s AND level = %(l)s "
+                 "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
         rows = self.store.query(
             f"SELECT task_id, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
             f"FROM {{db}}.task_stats WHERE {where} GROUP BY task_id HAVING sum(n_all) != 0 ORDER BY task_id", p)
@@ -378,6 +385,7 @@ class Rollup:
         for r in self.store.query(
                 "SELECT task_id, actions FROM {db}.traj_sample FINAL WHERE agent = %(a)s AND version = %(v)s "
                 "AND run_kind = %(k)s AND hour >= toDateTime(%(hs)s, 'UTC') AND end_time >= toDateTime64(%(s)s, 9, 'UTC') "
+                "AND end_time < toDateTime64(%(u)s, 9, 'UTC') "
                 "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
             if r[0] in idx:
                 traj[idx[r[0]]].append(tuple(r[1]))

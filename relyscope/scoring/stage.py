@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from typing import Callable
@@ -25,6 +26,7 @@ from relyscope.scorers.policy import Policy
 from relyscope.scorers.profile import GroupScore
 from relyscope.scorers.review import GroupReview, policy_for, review_group, score_reviewed
 from relyscope.scoring.rollup import Rollup, window_start
+from relyscope.scoring.drift import drift as drift_of
 from relyscope.scoring.stats import score_stats
 from relyscope.scoring.windows import parse_windows, window_name
 from relyscope.store import Store, StoreUnavailable
@@ -74,6 +76,10 @@ class ScoreStage:
         self._changed: set[GroupKey] = set()  # changed in the rollup, not yet rescored
         self._undecided: collections.OrderedDict[str, Trial] = collections.OrderedDict()
         self._reviewed_at: dict[GroupKey, float] = {}
+        #: group → metric → Drift of the current vs the reference window (live groups only)
+        self.drift: dict[GroupKey, dict] = {}
+        self._drift_cur = parse_windows(settings.drift_current)[0][1]
+        self._drift_ref = parse_windows(settings.drift_reference)[0][1]
 
     def mark_dirty(self, groups) -> None:
         """Queue groups (iterable of :data:`GroupKey`) for the next rescore. Any thread."""
@@ -147,8 +153,21 @@ class ScoreStage:
         return stored
 
     def report_extras(self, scores: dict) -> dict:
-        """Per-group additions to the report (violations, attribution, worst tasks)."""
-        return {g: self._extras[g] for g in scores if g in self._extras}
+        """Per-group additions to the report (violations, attribution, worst tasks; for live
+        groups ``drift``: metric → ``{"delta", "ci", "flagged"}``, current vs reference window)."""
+        out = {}
+        for g in scores:
+            ex = dict(self._extras.get(g, {}))
+            if g in self.drift:
+                ex["drift"] = {
+                    "current": self.settings.drift_current, "reference": self.settings.drift_reference,
+                    "threshold": self.settings.drift_threshold,
+                    "metrics": {k: {"delta": None if math.isnan(x.delta) else x.delta,
+                                    "ci": list(x.ci) if x.ci else None, "flagged": x.flagged}
+                                for k, x in self.drift[g].items()}}
+            if ex:
+                out[g] = ex
+        return out
 
     def rescore(self, *, all_groups: bool = False) -> dict[GroupKey, GroupScore]:
         """Recompute scores of changed groups (or all) from the store; store and publish them.
@@ -197,6 +216,7 @@ class ScoreStage:
             set(self.window_scores.get(self.primary_window, {})) | self._changed
         now = time.time()
         out = {name: dict(self.window_scores.get(name, {})) for name, _ in self.windows}
+        drift = dict(self.drift)
         rows: list[dict] = []
         for g in sorted(groups):
             # all_groups (start, flush, a posted outcome) need not redo unchanged windows: the
@@ -219,18 +239,32 @@ class ScoreStage:
                     # window end: the latest trial end in it, so rescoring unchanged data
                     # writes the same row (the scores table is a ReplacingMergeTree on it)
                     rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, self.settings.n_boot, name)
+            if g[2] != "offline" and (changed or self._scored_since.get((g, "drift")) != window_start(now, 60)):
+                drift[g] = self._drift(ru, g, now, measured)
+                self._scored_since[(g, "drift")] = window_start(now, 60)
             due = all_groups or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S or g not in self._extras
             if changed and due:
                 self._extras[g] = self._review(g, now)
                 self._reviewed_at[g] = now
         self._changed -= groups
         self.window_scores = out
+        self.drift = drift
         self.scores = out.get(self.primary_window, {})  # one reference swap per dict
         try:
             self.store.insert_scores(rows)
         except StoreUnavailable as e:
             self._on_store_error(e)
         return dict(self.scores)
+
+    def _drift(self, ru: Rollup, g: GroupKey, now: float, measured: bool) -> dict:
+        """metrics.md §10: the current window (``drift_current``, default the last 1 h) against
+        the reference window just before it (``drift_reference``, default 24 h), both at minute
+        buckets so they meet at one boundary. See :func:`relyscope.scoring.drift.drift`."""
+        split = int((now - self._drift_cur) // 60 * 60)
+        cur = ru.window_stats(g, split, self._drift_cur, level=1)
+        ref = ru.window_stats(g, split - int(self._drift_ref), self._drift_ref, until_s=split, level=1)
+        return drift_of(cur, ref, safety_measured=measured, threshold=self.settings.drift_threshold,
+                        n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k)
 
     def _review(self, g: GroupKey, now: float) -> dict:
         """Report sections beyond the metrics (violations, attribution, control rates, worst

@@ -217,25 +217,19 @@ def _c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
     return np.where(k > 0, np.exp(-mean_cv), np.nan)
 
 
-def score_stats(
-    st: TaskStats,
-    *,
-    safety_measured: bool,
-    n_boot: int = 2000,
-    seed: int = 0,
-    max_k: int | None = None,
-    level: float = DEFAULT_LEVEL,
-) -> GroupScore:
-    """Every relyscope-v1 metric of one group from its per-task statistics, with the
-    task-clustered percentile bootstrap over the tasks having a valid complete trial (metrics.md
-    §2–5, §8–11; same definitions and result shape as
-    :func:`relyscope.scorers.profile.score_group`, whose arguments ``n_boot``, ``seed``, ``max_k``,
-    ``level`` these are). ``safety_measured`` False (no policy for the agent) makes S_* NaN.
-    Raises ValueError for ``n_boot < 0`` or ``max_k < 1``. CPU cost O(B × tasks)."""
-    if n_boot < 0:
-        raise ValueError("n_boot must be >= 0")
-    if max_k is not None and max_k < 1:
-        raise ValueError("max_k must be >= 1")
+@dataclass
+class _Prepared:
+    """One side's point results and bootstrap inputs (blocks row-aligned with ``task_ids``)."""
+
+    task_ids: list[str]
+    keys: list[str]
+    stats: dict[str, Any]
+    results: dict[str, M.MetricResult]
+    blocks: list[Any]
+    counts: tuple[int, int, int, int]  # tasks, trials, invalid, incomplete
+
+
+def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepared:
     nan = math.nan
     all_n = st.col("n_all").astype(np.int64) if st.sums.size else np.zeros(0, np.int64)
     inv_n = st.col("n_invalid").astype(np.int64) if st.sums.size else np.zeros(0, np.int64)
@@ -349,12 +343,36 @@ def score_stats(
     stats["R"] = ("nanmean", ("R_Con", "R_Rob", "R_Pred"))
 
     keys = metric_keys(K)
+    return _Prepared(sub.task_ids, keys, stats, results, [cols.matrix(), hist_pos, hist_neg],
+                     (n_all_tasks, int(all_n.sum()), int(inv_n.sum()), int(inc_n.sum())))
+
+
+def score_stats(
+    st: TaskStats,
+    *,
+    safety_measured: bool,
+    n_boot: int = 2000,
+    seed: int = 0,
+    max_k: int | None = None,
+    level: float = DEFAULT_LEVEL,
+) -> GroupScore:
+    """Every relyscope-v1 metric of one group from its per-task statistics, with the
+    task-clustered percentile bootstrap over the tasks having a valid complete trial (metrics.md
+    §2–5, §8–11; same definitions and result shape as
+    :func:`relyscope.scorers.profile.score_group`, whose arguments ``n_boot``, ``seed``, ``max_k``,
+    ``level`` these are). ``safety_measured`` False (no policy for the agent) makes S_* NaN.
+    Raises ValueError for ``n_boot < 0`` or ``max_k < 1``. CPU cost O(B × tasks)."""
+    if n_boot < 0:
+        raise ValueError("n_boot must be >= 0")
+    if max_k is not None and max_k < 1:
+        raise ValueError("max_k must be >= 1")
+    pr = _prepare(st, safety_measured, max_k)
+    keys, results = pr.keys, pr.results
     cis: dict[str, tuple[float, float] | None] = {k: None for k in keys}
-    if n_boot > 0 and n_tasks > 0:
+    if n_boot > 0 and pr.task_ids:
         from relyscope.scorers.profile import _bootstrap_statistic
 
-        reps = replicate([cols.matrix(), hist_pos, hist_neg], _bootstrap_statistic(keys, stats),
-                         n_boot=n_boot, seed=seed)
+        reps = replicate(pr.blocks, _bootstrap_statistic(keys, pr.stats), n_boot=n_boot, seed=seed)
         for j, key in enumerate(keys):
             if not math.isnan(results[key].value):
                 cis[key] = percentile_interval(reps[:, j], level)
@@ -363,7 +381,6 @@ def score_stats(
                          results[key].n_trials)
         for key in keys
     }
-    return GroupScore(tasks=n_all_tasks, trials=int(all_n.sum()), invalid_trials=int(inv_n.sum()),
-                      incomplete_trials=int(inc_n.sum()), metrics=metrics_out, n_boot=n_boot, seed=seed,
-                      level=level)
-
+    tasks, trials, invalid, incomplete = pr.counts
+    return GroupScore(tasks=tasks, trials=trials, invalid_trials=invalid, incomplete_trials=incomplete,
+                      metrics=metrics_out, n_boot=n_boot, seed=seed, level=level)
