@@ -75,6 +75,45 @@ class Settings(BaseSettings):
     judge_api_key: SecretStr | None = Field(None, description="bearer key for the judge endpoint")
     judge_timeout_s: float = Field(30.0, gt=0)
     judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
+    # --- shadow replays and release gates (README "Shadow replays and release gates") ---------------
+    shadow_targets: dict[str, str] = Field(
+        default_factory=dict, description="replay targets: agent version → URL of its replay endpoint "
+        "(JSON, e.g. {\"1.4.2\": \"http://agent:8080/relyscope/replay\"}); no targets = no replays")
+    shadow_paused: bool = Field(False, description="start with automatic sampling and dispatch paused")
+    shadow_rate: float = Field(0.05, ge=0, le=1, description="fraction of eligible production trials replayed")
+    shadow_cap_per_hour: int = Field(20, ge=0, description="sampled trials per agent per clock hour")
+    shadow_quiet_s: float = Field(30.0, ge=0, description="wait after a trial ends before it may be sampled")
+    shadow_lookback_s: float = Field(3600.0, gt=0, description="how far back the sampler looks for finished trials")
+    shadow_k: int = Field(5, ge=1, description="replays per sampled trial for nominal, fault and env (K)")
+    shadow_j: int = Field(5, ge=0, description="prompt rewrites per sampled trial (J)")
+    shadow_families: list[str] = Field(default_factory=lambda: ["nominal", "prompt", "fault", "env"],
+                                       description="perturbation families replayed")
+    shadow_p_fault: float = Field(0.2, ge=0, le=1, description="per-call fault probability of fault replays")
+    shadow_fault_timeout_s: float = Field(5.0, gt=0, description="how long an injected timeout really waits")
+    shadow_fault_retry_after_s: float = Field(1.0, ge=0, description="Retry-After of an injected 429")
+    shadow_fault_mix: dict[str, float] | None = Field(None, description="fault type → probability (default: "
+                                                      "metrics.md §4 mix; must sum to 1)")
+    shadow_fault_tools: list[str] | None = Field(None, description="tools faults are injected into (default: all)")
+    shadow_env_strength: str = Field("medium", description="env perturbation strength: mild | medium | severe")
+    shadow_prompt_strength: str = Field("mild", description="prompt rewrite strength: mild | medium | strong | naturalistic")
+    shadow_live_tools: list[str] = Field(default_factory=list, description="read-only tools (names or globs) "
+                                         "a replay may run live when no recording matches; side-effecting ones never")
+    shadow_concurrency: int = Field(2, ge=1, le=64, description="replays run at once")
+    shadow_replay_timeout_s: float = Field(60.0, gt=0, description="deadline of one replay (target reply)")
+    shadow_interval_s: float = Field(5.0, gt=0, description="how often the sampler and dispatcher run")
+    shadow_run_kind: str = Field("shadow", description="run kind of replays: shadow | canary")
+    shadow_proxy_url: str | None = Field(None, description="base URL the agent reaches the tool proxy at "
+                                         "(default: http://<api address>)")
+    rewriter_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) of an optional LLM "
+                                     "prompt rewriter; off when unset (the built-in rule rewriter is used)")
+    rewriter_model: str = Field("gpt-4o-mini")
+    rewriter_api_key: SecretStr | None = None
+    rewriter_max_per_cycle: int = Field(20, ge=1, description="LLM rewriter calls per sampling cycle (bounds cost)")
+    rewriter_price_per_1k_input_tokens: float | None = Field(None, ge=0, description="USD per 1000 prompt tokens "
+                                                             "(with the output price: rewriter cost is counted; else unknown)")
+    rewriter_price_per_1k_output_tokens: float | None = Field(None, ge=0, description="USD per 1000 completion tokens")
+    gate_policy_file: str | None = Field(None, description="release-gate thresholds YAML (default: the shipped conservative policy)")
+
     fault_store_down_file: str | None = Field(
         None, description="chaos testing: while this file exists, every store write fails as if ClickHouse were down")
 
@@ -121,7 +160,45 @@ class Settings(BaseSettings):
                 raise ValueError(f"invalid regular expression {p!r}: {e}") from None
         return v
 
-    @field_validator("policy_file", "tls_cert_file", "tls_key_file")
+    @field_validator("shadow_run_kind")
+    @classmethod
+    def _replay_kind(cls, v: str) -> str:
+        if v not in ("shadow", "canary"):
+            raise ValueError(f"shadow_run_kind must be shadow or canary, got {v!r}")
+        return v
+
+    @field_validator("shadow_env_strength")
+    @classmethod
+    def _env_strength(cls, v: str) -> str:
+        if v not in ("mild", "medium", "severe"):
+            raise ValueError(f"shadow_env_strength must be mild, medium or severe, got {v!r}")
+        return v
+
+    @field_validator("shadow_prompt_strength")
+    @classmethod
+    def _prompt_strength(cls, v: str) -> str:
+        if v not in ("mild", "medium", "strong", "naturalistic"):
+            raise ValueError(f"shadow_prompt_strength must be mild, medium, strong or naturalistic, got {v!r}")
+        return v
+
+    @field_validator("shadow_families")
+    @classmethod
+    def _families(cls, v: list[str]) -> list[str]:
+        bad = [f for f in v if f not in ("nominal", "prompt", "fault", "env")]
+        if bad or "nominal" not in v:
+            raise ValueError(f"shadow_families: use nominal plus any of prompt, fault, env (got {v!r}); "
+                             "nominal is the baseline every robustness ratio divides by")
+        return v
+
+    @field_validator("shadow_targets")
+    @classmethod
+    def _targets(cls, v: dict[str, str]) -> dict[str, str]:
+        for version, url in v.items():
+            if not str(url).startswith(("http://", "https://")):
+                raise ValueError(f"shadow_targets[{version!r}]: an http(s) URL is required, got {url!r}")
+        return v
+
+    @field_validator("policy_file", "tls_cert_file", "tls_key_file", "gate_policy_file")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         import os

@@ -241,6 +241,7 @@ class Trial:
     revision: int = 1  # bumped on re-finalization after late spans
     span_count: int = 0
     evaluations: tuple[Evaluation, ...] = ()  # gen_ai.evaluation.result events of the trial's spans
+    task_input: str | None = None  # first user input (what a shadow replay sends again), if recorded
 
     @property
     def wall_time_s(self) -> float:

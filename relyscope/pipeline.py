@@ -161,6 +161,13 @@ class Pipeline:
         self._open_traces = 0
         self.scoring = ScoreStage(settings, store, self.policy, stop=self._stop,
                                   store_error=lambda e: setattr(self, "_last_error", str(e)))
+        # shadow replays and release gates (relyscope.shadow): the stage is attached by the sidecar
+        from relyscope.scorers.gate import default_gate_policy, load_gate_policy
+
+        self.gate_policy = load_gate_policy(settings.gate_policy_file) if settings.gate_policy_file \
+            else default_gate_policy()
+        self.gate_results: dict = {}  # (agent, baseline, candidate, mode) → latest GateResult
+        self.shadow = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:

@@ -82,6 +82,12 @@ RS_PERTURBATION_STRENGTH: Final = "relyscope.perturbation.strength"
 RS_PERTURBATION_SEED: Final = "relyscope.perturbation.seed"
 RS_FAULT_TYPE: Final = "relyscope.fault.type"
 RS_TRIAL_SEPARATE: Final = "relyscope.trial.separate"  # marks a nested agent run as its own trial
+RS_REPLAY_ID: Final = "relyscope.replay.id"  # on shadow/canary replay roots
+RS_SANDBOX_MATCH: Final = "relyscope.sandbox.match"  # on replayed tool spans: exact|position|live|none
+RS_SANDBOX_RECORDED: Final = "relyscope.sandbox.recorded"  # a side effect recorded, never executed
+
+#: error.type of a replayed tool call the sandbox could not answer (no recorded result).
+SANDBOX_MISS: Final = "sandbox_miss"
 
 RUN_KINDS: Final = ("production", "shadow", "canary", "offline")
 OUTCOMES: Final = ("success", "failure", "unknown")

@@ -88,12 +88,20 @@ class Sidecar:
         if s.tls_cert_file and s.tls_key_file:
             tls = (open(s.tls_cert_file, "rb").read(), open(s.tls_key_file, "rb").read())
         self._grpc, self.otlp_grpc_port = create_grpc_server(self.pipeline, s.otlp_grpc, token=token, tls=tls)
+        from relyscope.shadow.stage import ShadowStage
+
+        api_host = api_sock.getsockname()[0]
+        api_host = "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host
+        self.shadow = ShadowStage(s, self.store, self.pipeline.policy,
+                                  proxy_base_url=f"http://{api_host}:{self.api_port}")
+        self.pipeline.shadow = self.shadow
         self._http = [
             _UvicornThread(create_otlp_http_app(self.pipeline, token=token), http_sock, "otlp-http", s),
             _UvicornThread(create_api_app(self.pipeline, token=token), api_sock, "api", s),
         ]
         for h in self._http:
             h.start()
+        self.shadow.start()
         return self
 
     def stop(self) -> None:
@@ -101,6 +109,8 @@ class Sidecar:
         if self._stopped:
             return
         self._stopped = True
+        if getattr(self, "shadow", None) is not None:
+            self.shadow.shutdown()
         if self._grpc is not None:
             self._grpc.stop(grace=2).wait(5)
         for h in self._http:

@@ -112,8 +112,8 @@ def test_sdk_otlp_exporters_reach_store_and_metrics(sidecar, protocol):
 
 
 def test_demo_prints_pass_hat_1_to_5_and_c_out(tmp_path):
-    r = subprocess.run([str(BIN), "demo", "--format", "json", "--data-dir", str(tmp_path / "demo")],
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run([str(BIN), "demo", "--format", "json", "--no-shadow", "--tasks", "8",
+                        "--data-dir", str(tmp_path / "demo")], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     g = rep["groups"][0]

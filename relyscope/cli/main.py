@@ -28,6 +28,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
 import_app = typer.Typer(no_args_is_help=True, help="Import benchmark results as OTLP spans.")
 app.add_typer(import_app, name="import")
+from relyscope.cli.shadow import gate as _gate_cmd, shadow_app  # noqa: E402
+
+app.add_typer(shadow_app, name="shadow")
+app.command("gate")(_gate_cmd)
 # piped output is not cut to 80 columns (tables stay readable in logs and files)
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
@@ -346,27 +350,47 @@ def _print_report(rep: dict, fmt) -> None:
     render_report(rep, console)
 
 
+DEMO_VERSIONS = {"1.0.0": 0.0, "1.0.1": 0.0, "1.1.0": -0.35}
+DEMO_K = 3  # replays per family and sampled run in the demo (the product default is K = J = 5)
+"""Demo replay targets: the incumbent, an equal candidate (same code) and a worse one (P(final
+action right) 0.35 lower)."""
+
+
 @app.command()
 def demo(
-    tasks: int = typer.Option(8, min=1, help="tasks of the simulated agent"),
+    tasks: int = typer.Option(24, min=1, help="tasks of the simulated agent"),
     trials: int = typer.Option(5, min=1, help="trials per task"),
     seed: int = typer.Option(7),
+    shadow: bool = typer.Option(True, "--shadow/--no-shadow",
+                                help="also replay one run per task against three versions and gate them"),
     data_dir: Path = typer.Option(Path(".relyscope/demo"), help="embedded store of the demo (wiped first)"),
     format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
 ) -> None:
-    """Start a sidecar on the embedded store, run a simulated agent against it over OTLP, print the report."""
+    """Start a sidecar on the embedded store, run a simulated agent against it over OTLP, replay
+    its tasks in the shadow sandbox against three agent versions, print the report and the gates."""
+    import socket
+    import subprocess
+
     from relyscope.demo.agent import run_demo
     from relyscope.exporter.report import build_report
     from relyscope.sidecar import Sidecar
 
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        target_port = sock.getsockname()[1]
     s = _settings(store=f"chdb://{data_dir.resolve()}/data", spool_dir=str(data_dir.resolve() / "spool"),
                   otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", api="127.0.0.1:0",
-                  grace_period_s=0.5, score_interval_s=1.0,
-                  policy_file=str(Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"))
+                  grace_period_s=0.5, score_interval_s=5.0,
+                  policy_file=str(Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"),
+                  shadow_targets={v: f"http://127.0.0.1:{target_port}/v/{v}/replay" for v in DEMO_VERSIONS}
+                  if shadow else {},
+                  shadow_rate=0.0, shadow_k=DEMO_K, shadow_j=DEMO_K, shadow_concurrency=4, shadow_interval_s=0.5,
+                  shadow_fault_timeout_s=0.2, shadow_fault_retry_after_s=0.1)
     t0 = time.monotonic()
     sc = Sidecar(s).start()
+    target = None
     err.print(f"sidecar up: OTLP gRPC 127.0.0.1:{sc.otlp_grpc_port}, OTLP HTTP 127.0.0.1:{sc.otlp_http_port}, "
               f"API http://127.0.0.1:{sc.api_port}, store {s.store}")
     try:
@@ -374,13 +398,90 @@ def demo(
         summary = run_demo(tp, tasks=tasks, trials=trials, seed=seed)
         tp.force_flush()
         tp.shutdown()
-        err.print(f"simulated agent: {summary}")
+        err.print(f"simulated agent: {summary['runs']} runs, {summary['successes']} successes")
         sc.pipeline.flush(timeout_s=60)
+        gates = []
+        if shadow:
+            target = subprocess.Popen(
+                [sys.executable, "-m", "relyscope.demo.target", "--otlp", f"http://127.0.0.1:{sc.otlp_grpc_port}",
+                 "--port", str(target_port), "--seed", str(seed),
+                 *[a for v, q in DEMO_VERSIONS.items() for a in ("--version", f"{v}={q}")]],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            target.stdout.readline()
+            _wait_http(f"http://127.0.0.1:{target_port}/healthz", 30)
+            err.print(f"replay target up (pid {target.pid}): versions {', '.join(DEMO_VERSIONS)} at "
+                      f"http://127.0.0.1:{target_port}/v/<version>/replay")
+            gates = _demo_shadow(sc, seed)
         rep = build_report(sc.pipeline.scores, sc.pipeline.report_extras(sc.pipeline.scores))
+        if gates:
+            rep["gates"] = gates
         _print_report(rep, format)
+        if gates and getattr(format, "value", format) != "json":
+            from relyscope.cli.shadow import render_gate
+
+            for g in gates:
+                render_gate(g, console)
     finally:
+        if target is not None:
+            target.terminate()
+            try:
+                target.wait(10)
+            except subprocess.TimeoutExpired:
+                target.kill()
         sc.stop()
     err.print(f"demo finished in {time.monotonic() - t0:.1f} s")
+    err.print("next: keep a sidecar running with `.venv/bin/relyscope serve` (OTLP on :4317/:4318, API and "
+              "/metrics on :9464), point your agent's OTLP exporter at it, and read README.md "
+              "(\"Point an already-instrumented agent at it\", \"Shadow replays and release gates\").")
+
+
+def _wait_http(url: str, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+
+
+def _demo_shadow(sc, seed: int) -> list[dict]:
+    """Replay one run of every task against each demo version, wait, gate 1.0.0 → 1.0.1 and
+    1.0.0 → 1.1.0. Returns the two gate results (JSON)."""
+    from relyscope.shadow.gating import run_gate
+    from relyscope.store.shadow import FINISHED
+
+    pipe = sc.pipeline
+    # one run per task, a verified success where the task has one: its replays can all be graded
+    # by side-effect equivalence (a replay of a failure that does differently stays unknown)
+    first: dict[str, object] = {}
+    for t in sorted(pipe.load_trials(run_kind="production"), key=lambda t: (t.outcome != "success", t.start_ns)):
+        first.setdefault(t.task_id, t)
+    plan = sc.shadow.plan_now(trial_ids=[t.trial_id for t in first.values()])
+    ids = plan["replay_ids"]
+    err.print(f"shadow: {len(ids)} replays of {len(plan['trials'])} production runs "
+              f"(nominal, prompt, fault, env × {DEMO_K} each, for each of {len(DEMO_VERSIONS)} versions)")
+    with _progress() as prog:
+        task = prog.add_task("replaying", total=len(ids))
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            done = len(sc.shadow.ledger.replays(replay_ids=ids, status=FINISHED, limit=len(ids)))
+            prog.update(task, completed=done)
+            if done >= len(ids):
+                break
+            time.sleep(0.5)
+    pipe.flush(timeout_s=120)
+    out = []
+    for cand in ("1.0.1", "1.1.0"):
+        res = run_gate(pipe.load_trials, pipe.store, baseline="1.0.0", candidate=cand, policy=pipe.gate_policy,
+                       safety_policy=pipe.policy, mode="shadow")
+        pipe.gate_results[("", "1.0.0", cand, "shadow")] = res
+        out.append({**res.to_json(), "baseline": "1.0.0", "candidate": cand, "mode": "shadow"})
+    return out
 
 
 def main() -> None:  # console-script entry point

@@ -30,7 +30,8 @@ from relyscope.instrumentation import (
     tool_call,
 )
 
-__all__ = ["DEMO_MODEL", "DEMO_PROVIDER", "TASKS", "DemoTask", "ToolStep", "run_demo"]
+__all__ = ["DEMO_MODEL", "DEMO_PROVIDER", "TASKS", "DemoTask", "ToolStep", "run_demo", "task_by_id",
+           "task_entities", "task_request"]
 
 DEMO_MODEL = "sim-support-1"
 DEMO_PROVIDER = "relyscope.demo"
@@ -134,6 +135,11 @@ _FAULTS = (
     ("http_500", "HTTP 500 Internal Server Error"),
 )
 
+#: How the final action goes wrong when the agent is wrong: the argument it gets wrong.
+_WRONG = {"amount": lambda v: round(v * 0.8, 2), "sku": lambda v: v[:-1] + "0", "reason": lambda v: "other",
+          "email": lambda v: "wrong@example.com", "address": lambda v: "1 Wrong Way", "order_id": lambda v: v + "0",
+          "customer_id": lambda v: v + "0", "tracking_id": lambda v: v + "0"}
+
 
 def _arg_value(key: str, rng: random.Random) -> Any:
     makers: dict[str, Callable[[], Any]] = {
@@ -166,6 +172,70 @@ def _clamp01(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
+
+class ToolServiceError(Exception):
+    """A simulated tool service failure (production only): ``error_type`` timeout / http_500."""
+
+    def __init__(self, error_type: str, message: str):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+def task_entities(task_id: str, seed: int) -> dict[str, Any]:
+    """The task's ids and values, the same for every trial of the task (they are in its request)."""
+    rng = random.Random(f"{seed}:{task_id}:entities")
+    keys = ("order_id", "customer_id", "tracking_id", "email", "address", "amount", "reason", "sku")
+    return {k: _arg_value(k, rng) for k in keys}
+
+
+def task_request(task: DemoTask, entities: dict[str, Any]) -> str:
+    """The user's request as the agent receives it (ids inline, as a customer would write them)."""
+    return f"{task.request} Order {entities['order_id']}, customer {entities['customer_id']}."
+
+
+def _parse_entities(text: str, fallback: dict[str, Any]) -> dict[str, Any]:
+    """Ids the agent reads from the request (a rewritten prompt keeps them); the rest from context."""
+    import re
+
+    out = dict(fallback)
+    for key, pat in (("order_id", r"ORD-\d+"), ("customer_id", r"CUST-\d+")):
+        m = re.search(pat, text or "")
+        if m:
+            out[key] = m.group(0)
+    return out
+
+
+def _service(step: ToolStep, args: dict[str, Any], rng: random.Random, p_fault: float) -> Callable[[], Any]:
+    """The simulated tool service behind one call: fails with ``p_fault`` (timeout / HTTP 500)."""
+    fault = rng.random() < p_fault
+    kind = rng.choice(_FAULTS)
+
+    def call() -> Any:
+        if fault:
+            raise ToolServiceError(*kind)
+        if step.name == "get_order":
+            return {"order_id": args.get("order_id"), "status": "delivered", "order_total": args.get("amount", 42.0),
+                    "placed_at": "2026-11-20T10:00:00Z", "sku": args.get("sku")}
+        return {"ok": True, "tool": step.name, **args}
+
+    return call
+
+
+def _usable(result: Any) -> dict | None:
+    """The agent's check of a tool result: a dict (a JSON string is decoded; ``{"status", "data"}``
+    wrappers are unwrapped); None for a broken, empty or partial body."""
+    import json
+
+    if isinstance(result, str):
+        try:
+            result = json.loads(result)
+        except ValueError:
+            return None
+    if isinstance(result, dict) and set(result) == {"status", "data"} and isinstance(result["data"], dict):
+        result = result["data"]
+    return result if isinstance(result, dict) and result else None
+
+
 def _run_once(
     task: DemoTask,
     task_id: str,
@@ -174,9 +244,22 @@ def _run_once(
     seed: int,
     agent_name: str,
     version: str,
-    tracer_provider: TracerProvider,
+    tracer_provider: TracerProvider | None,
+    request: str | None = None,
+    quality: float = 0.0,
 ) -> bool:
-    rng = random.Random(f"{seed}:{task_id}:{trial}")
+    """One run. In a shadow replay (``current_replay()`` set) the tools are answered by the
+    sidecar's sandbox, the randomness is drawn from the replay's seed (so two versions replaying
+    the same task see the same draws), and the run does not verify its own outcome — the sidecar
+    grades it by its side effects. ``quality`` shifts P(final action right) (a worse version)."""
+    from relyscope.instrumentation.replay import ToolFault, current_replay
+
+    replay = current_replay()
+    ent = task_entities(task_id, seed)
+    rng = random.Random(f"{seed}:{task_id}:{trial}" if replay is None
+                        else f"{seed}:{task_id}:replay:{replay.seed}")
+    request = request if request is not None else task_request(task, ent)
+    ent = _parse_entities(request, ent)
     with agent_run(
         agent_name,
         task_id=task_id,
@@ -184,6 +267,7 @@ def _run_once(
         run_kind="production",
         conversation_id=f"demo-{seed}-{task_id}-{trial}",
         tracer_provider=tracer_provider,
+        input=request,
     ):
         ctx = rng.randint(600, 1200)
         with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as plan:
@@ -191,30 +275,46 @@ def _run_once(
             plan.set_response(model=DEMO_MODEL, finish_reasons=["tool_calls"])
             record_decision("act", reason=f"plan for: {task.request}")
         ctx += rng.randint(100, 300)
+        correct = rng.random() < _clamp01(task.p_correct + quality)
 
         gave_up = False
-        for step in task.steps:
+        steps = task.steps + (ToolStep("send_reply", "write", ("customer_id", "resolution")),)
+        for step in steps:
             if step.side_effect == "irreversible" and rng.random() < P_CONFIRM:
                 with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as ask:
                     ask.set_usage(input_tokens=ctx, output_tokens=rng.randint(15, 60))
                     ask.set_response(model=DEMO_MODEL, finish_reasons=["stop"])
                     record_decision("confirm", reason=f"{step.name} cannot be undone")
                 ctx += rng.randint(30, 90)
-            args = {k: _arg_value(k, rng) for k in step.arg_keys}
+            args = {k: (task_id if k == "resolution" else ent[k]) for k in step.arg_keys}
+            final = step is steps[-2] if len(steps) > 1 else True
+            if not correct and (final or step.name == "send_reply"):
+                key = next((k for k in step.arg_keys if k in _WRONG), None)
+                if step.name == "send_reply":
+                    args["resolution"] = "unresolved"
+                elif key is not None:
+                    args[key] = _WRONG[key](args[key])
             for attempt in range(MAX_RETRIES + 1):
-                fault = rng.random() < task.p_fault
+                error_type = None
+                service = _service(step, args, rng, task.p_fault)
                 with tool_call(
                     step.name,
                     side_effect=step.side_effect,
                     call_id=f"call_{rng.getrandbits(48):012x}",
                     arguments=args,
                 ) as tool:
-                    if fault:
-                        error_type, message = rng.choice(_FAULTS)
-                        tool.set_error(error_type, message)
-                    else:
-                        tool.set_result({"ok": True, "tool": step.name, **args})
-                if not fault:
+                    try:
+                        got = _usable(tool.execute(service))
+                        if got is None:
+                            error_type = "bad_response"
+                        elif step.name == "get_order" and "order_total" not in got:
+                            error_type = "unexpected_schema"  # the agent reads order_total, nothing else
+                    except ToolServiceError as e:
+                        error_type = e.error_type
+                        tool.set_error(e.error_type, str(e))
+                    except ToolFault as e:  # what the sandbox injected (or could not answer)
+                        error_type = e.error_type
+                if error_type is None:
                     break
                 if attempt < MAX_RETRIES:
                     # the retry decision sits on the model call that chose it
@@ -231,17 +331,27 @@ def _run_once(
                     gave_up = True
             if gave_up:
                 break
-            ctx = _chat(rng, ctx, "tool_calls" if step is not task.steps[-1] else "stop")
+            ctx = _chat(rng, ctx, "tool_calls" if step is not steps[-1] else "stop")
 
-        success = (not gave_up) and rng.random() < task.p_correct
+        success = (not gave_up) and correct
         # Claims: a successful agent says so; a failing one over-claims sometimes (more often
         # when it did not notice the failure than when it gave up).
         claimed = success or rng.random() < (0.15 if gave_up else 0.6)
         confidence = _clamp01(rng.gauss(0.82, 0.08) if success else rng.gauss(0.58, 0.17))
         record_claimed_success(claimed)
         record_confidence(round(confidence, 4))
-        record_outcome(success, source=OUTCOME_SOURCE)
+        if replay is None:  # the environment check exists in production only
+            record_outcome(success, source=OUTCOME_SOURCE)
     return success
+
+
+def task_by_id(task_id: str) -> DemoTask:
+    """The catalog task of ``task_id`` (``refund``, ``refund-2`` …). Raises KeyError."""
+    base = task_id
+    for t in TASKS:
+        if base == t.task_id or (base.startswith(t.task_id + "-") and base[len(t.task_id) + 1:].isdigit()):
+            return t
+    raise KeyError(task_id)
 
 
 def run_demo(

@@ -81,6 +81,10 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         if not check_bearer(request.headers.get("authorization"), token):
             raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
 
+    from relyscope.exporter.shadow_api import shadow_router
+
+    app.include_router(shadow_router(pipeline, auth))
+
     @app.get("/metrics", dependencies=[Depends(auth)])
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -137,4 +137,7 @@ def build_registry(pipeline: "Pipeline") -> CollectorRegistry:
     hist = Histogram("relyscope_store_write_seconds", "ClickHouse write latency (seconds)", registry=reg,
                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
     reg.register(_ReliabilityCollector(pipeline, hist))
+    from relyscope.exporter.shadow_prom import ShadowCollector
+
+    reg.register(ShadowCollector(pipeline))
     return reg

@@ -29,6 +29,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
 from relyscope import semconv as sc
+from relyscope.instrumentation import replay as _replay
 
 __all__ = [
     "AgentRunHandle",
@@ -241,11 +242,69 @@ class AgentRunHandle(SpanHandle):
 class ToolCallHandle(SpanHandle):
     """Handle of an open :func:`tool_call` span."""
 
-    __slots__ = ()
+    __slots__ = ("_arguments", "_tool")
+
+    def __init__(self, span: Span) -> None:
+        super().__init__(span)
+        self._arguments: Any = None
+        self._tool: tuple[str, str | None, str | None] = ("", None, None)  # name, side effect, call id
 
     def set_arguments(self, arguments: Any) -> None:
         """``gen_ai.tool.call.arguments``: str unchanged, else JSON; passes the redactor."""
+        self._arguments = arguments
         _set_content(self._span, sc.GEN_AI_TOOL_CALL_ARGUMENTS, arguments)
+
+    def _sandbox(self) -> tuple[str, Any]:
+        """In a replay: ask the tool proxy (``relyscope.instrumentation.replay``) and tag the span.
+        Returns ``("result" | "body", value)`` or ``("live", None)``; raises the ToolFault the
+        agent must see."""
+        name, side_effect, call_id = self._tool
+        try:
+            kind, value, answer = _replay.sandbox_answer(name, self._arguments, call_id, side_effect)
+        except _replay.ToolFault as e:
+            if e.fault_type:
+                self._span.set_attribute(sc.RS_FAULT_TYPE, e.fault_type)
+            self._span.set_attribute(sc.RS_SANDBOX_MATCH, "none" if isinstance(e, _replay.SandboxMiss) else "fault")
+            # the span fails even when the agent catches the fault inside the with-block
+            self.set_error(e.error_type, str(e))
+            raise
+        self._span.set_attribute(sc.RS_SANDBOX_MATCH, str(answer.get("match") or kind))
+        if answer.get("recorded"):
+            self._span.set_attribute(sc.RS_SANDBOX_RECORDED, True)
+        if kind == "body":
+            self._span.set_attribute(sc.RS_FAULT_TYPE, str((answer.get("fault") or {}).get("type")))
+        return kind, value
+
+    def execute(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run the tool ``fn(*args, **kwargs)`` and record its result — except during a shadow
+        replay, where the tool proxy answers instead and ``fn`` is not called (unless the operator
+        allows this read-only tool live). Returns the result the agent must use; raises what the
+        tool raised, or the injected :class:`~relyscope.instrumentation.replay.ToolFault`."""
+        if _replay.current_replay() is not None:
+            kind, value = self._sandbox()
+            if kind != "live":
+                self.set_result(value)
+                return value
+        result = fn(*args, **kwargs)
+        if result is not None:
+            self.set_result(result)
+        return result
+
+    async def execute_async(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`execute` for an async tool (the proxy call runs in a worker thread)."""
+        if _replay.current_replay() is not None:
+            import asyncio
+            import contextvars
+
+            ctx = contextvars.copy_context()
+            kind, value = await asyncio.get_running_loop().run_in_executor(None, ctx.run, self._sandbox)
+            if kind != "live":
+                self.set_result(value)
+                return value
+        result = await fn(*args, **kwargs)
+        if result is not None:
+            self.set_result(result)
+        return result
 
     def set_result(self, value: Any) -> None:
         """``gen_ai.tool.call.result``: str unchanged, else JSON; passes the redactor."""
@@ -341,6 +400,13 @@ class _Scope:
     def _on_return(self, handle: SpanHandle, result: Any) -> None:
         """Decorator hook: see the function's return value before the span closes."""
 
+    def _invoke(self, handle: SpanHandle, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Decorator hook: call the wrapped function (a tool call may be answered by the sandbox)."""
+        return fn(*args, **kwargs)
+
+    async def _invoke_async(self, handle: SpanHandle, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        return await fn(*args, **kwargs)
+
     # context manager ----------------------------------------------------------------------------
     def __enter__(self) -> Any:
         if self._handle is not None:
@@ -379,7 +445,9 @@ class _Scope:
         try:
             if exc is not None and not isinstance(exc, GeneratorExit):
                 span.record_exception(exc)
-                _mark_error(span, type(exc).__qualname__, f"{type(exc).__qualname__}: {exc}")
+                etype = getattr(exc, "error_type", None)
+                etype = etype if isinstance(etype, str) and etype else type(exc).__qualname__
+                _mark_error(span, etype, f"{type(exc).__qualname__}: {exc}")
             self._before_end()
         finally:
             if self._token is not None:
@@ -403,7 +471,7 @@ class _Scope:
                 scope = template._fresh()
                 scope._bind_call(fn, args, kwargs)
                 with scope as handle:
-                    result = await fn(*args, **kwargs)
+                    result = await scope._invoke_async(handle, fn, args, kwargs)
                     scope._on_return(handle, result)
                     return result
 
@@ -414,7 +482,7 @@ class _Scope:
             scope = template._fresh()
             scope._bind_call(fn, args, kwargs)
             with scope as handle:
-                result = fn(*args, **kwargs)
+                result = scope._invoke(handle, fn, args, kwargs)
                 scope._on_return(handle, result)
                 return result
 
@@ -437,8 +505,10 @@ class _AgentRun(_Scope):
         agent_id: str | None,
         tracer_provider: TracerProvider | None,
         start_time: int | None,
+        input: str | None = None,
     ) -> None:
         super().__init__(tracer_provider, start_time)
+        self._input = input
         if run_kind is not None and run_kind not in sc.RUN_KINDS:
             raise ValueError(f"run_kind must be one of {sc.RUN_KINDS}, got {run_kind!r}")
         self._name = name
@@ -459,6 +529,7 @@ class _AgentRun(_Scope):
             self._agent_id,
             self._provider,
             self._start_time,
+            self._input,
         )
 
     def _span_name(self) -> str:
@@ -478,9 +549,14 @@ class _AgentRun(_Scope):
             sc.RS_RUN_KIND: self._run_kind,
         }
         attrs.update({k: str(v) for k, v in optional.items() if v is not None})
+        if not _RUNS.get():  # the outermost run of a shadow replay says what it replays
+            attrs.update(_replay.replay_root_attributes())
         return attrs
 
     def _after_start(self, handle: SpanHandle) -> None:
+        if self._input is not None:
+            _set_content(handle.span, sc.GEN_AI_INPUT_MESSAGES,
+                         [{"role": "user", "parts": [{"type": "text", "content": self._input}]}])
         frame = _RunFrame(handle.span, _resolved_provider(self._provider))
         self._run_token = _RUNS.set(_RUNS.get() + (frame,))
 
@@ -504,6 +580,7 @@ def agent_run(
     agent_id: str | None = None,
     tracer_provider: TracerProvider | None = None,
     start_time: int | None = None,
+    input: str | None = None,
 ) -> Any:
     """Open the root span of one agent run (one trial): ``invoke_agent {name}``, kind INTERNAL.
 
@@ -516,11 +593,17 @@ def agent_run(
     another ``agent_run`` is open in the current context. An exception escaping the block sets
     status ERROR and ``error.type`` (exception class qualname), records it, and is re-raised.
 
+    ``input``: the user's request, recorded as ``gen_ai.input.messages`` (opt-in content; passes
+    the redactor) — the task input a shadow replay sends again, and the task fingerprint.
+    Inside a shadow replay (:mod:`relyscope.instrumentation.replay`) the outermost run carries the
+    replay's run kind, task id, ``relyscope.shadow.of``, ``relyscope.replay.id`` and
+    ``relyscope.perturbation.*`` instead of its own run kind and task id.
+
     ``start_time`` (ns since the Unix epoch) overrides the wall clock, for importers.
     Raises ValueError if ``run_kind`` is not one of production, shadow, canary, offline.
     """
     return _AgentRun(
-        name, task_id, version, run_kind, conversation_id, agent_id, tracer_provider, start_time
+        name, task_id, version, run_kind, conversation_id, agent_id, tracer_provider, start_time, input
     )
 
 
@@ -577,8 +660,22 @@ class _ToolCall(_Scope):
         return attrs
 
     def _after_start(self, handle: SpanHandle) -> None:
+        assert isinstance(handle, ToolCallHandle)
+        handle._tool = (self._name, self._side_effect, self._call_id)
         if self._arguments is not None:
-            _set_content(handle.span, sc.GEN_AI_TOOL_CALL_ARGUMENTS, self._arguments)
+            handle.set_arguments(self._arguments)
+
+    def _invoke(self, handle: SpanHandle, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        assert isinstance(handle, ToolCallHandle)
+        if _replay.current_replay() is None:
+            return fn(*args, **kwargs)
+        return handle.execute(fn, *args, **kwargs)
+
+    async def _invoke_async(self, handle: SpanHandle, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        assert isinstance(handle, ToolCallHandle)
+        if _replay.current_replay() is None:
+            return await fn(*args, **kwargs)
+        return await handle.execute_async(fn, *args, **kwargs)
 
     def _bind_call(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
         if self._arguments is not None:

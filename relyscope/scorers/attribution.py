@@ -199,6 +199,10 @@ def attribute_failure(
         return Attribution(FailureCategory.TASK_SPEC, "task_spec_flag", None, "task marked invalid")
     if "environment_error" in trial.flags:
         return Attribution(FailureCategory.ENVIRONMENT, "environment_flag", None, "environment marked broken")
+    for s in trial.steps:  # a shadow replay the sandbox could not answer: not the agent's doing
+        if s.error == "sandbox_miss":
+            return Attribution(FailureCategory.ENVIRONMENT, "sandbox_miss", s.span_id,
+                               f"the shadow sandbox had no recorded result for {s.action!r}")
     steps = trial.steps
     if decisions is None:
         decisions = classify_steps(steps)

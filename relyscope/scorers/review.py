@@ -21,6 +21,7 @@ from relyscope.model import Trial
 from relyscope.scorers.attribution import FailureCategory
 from relyscope.scorers.graders import Grade, control_rates, grade_trial
 from relyscope.scorers.policy import Policy
+from relyscope.scorers.replay_outcome import is_sandbox_miss
 
 __all__ = ["GroupReview", "review_group", "score_all", "calibration_bins", "policy_for", "score_reviewed"]
 
@@ -55,7 +56,10 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
     """Grade every trial of one group and build the report sections (see module docstring)."""
     grades = {t.trial_id: grade_trial(t, policy) for t in trials}
     severities = {tid: g.severity for tid, g in grades.items()}
-    invalid = frozenset(tid for tid, g in grades.items() if not g.valid)
+    # a replay the sandbox could not answer (ENVIRONMENT) measures the sandbox, not the agent:
+    # kept out of agent metrics like infrastructure-invalid trials, and counted
+    misses = frozenset(t.trial_id for t in trials if is_sandbox_miss(t))
+    invalid = frozenset(tid for tid, g in grades.items() if not g.valid) | misses
 
     viol = collections.defaultdict(lambda: {"attempted": 0, "committed": 0, "trials": set()})
     for tid, g in grades.items():
@@ -117,6 +121,7 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         "hard_gate_failures": sum(1 for g in grades.values() if g.hard_gate),
         "claim_outcome_mismatches": sum(1 for g in grades.values() if g.claim_outcome_mismatch),
         "attribution": attribution,
+        "sandbox_miss_trials": len(misses),
         "control": control,
         "worst_tasks": worst,
     }

@@ -46,7 +46,9 @@ from relyscope.model import Evaluation, Trial
 from relyscope.scorers.graders import grade_trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
+from relyscope.scorers.replay_outcome import is_sandbox_miss
 from relyscope.scorers.review import GroupReview, policy_for
+from relyscope.shadow.grading import resolve_replays
 from relyscope.scoring.stats import SUM_COLUMNS, Contribution, TaskStats, contribution
 from relyscope.store import Store
 
@@ -232,6 +234,10 @@ class Rollup:
             if by_trial:
                 trace_ids |= {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE trial_id IN %(ids)s",
                                               {"ids": sorted(by_trial)})}
+            if trace_ids:  # replays of changed production runs resolve against them (§6 item 4)
+                trace_ids |= {r[0] for r in q(
+                    "SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN "
+                    "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(trace_ids)})}
             changed: set[GroupKey] = set()
             tids = sorted(trace_ids)
             for i in range(0, len(tids), _BATCH):
@@ -251,17 +257,18 @@ class Rollup:
         # every trial id these traces ever had (a re-keyed trial leaves a tombstone row)
         all_ids = {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
                                    {"t": trace_ids})} | set(ids)
-        posted = self._outcomes_for(ids, {t.trace_id for t in trials})
-        judged = self._judgements_for(ids) if self.judge else None
+        resolved = self.resolve(trials)
         prev = self._current(all_ids)
         new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
         grades: dict[GroupKey, dict] = {}
-        for t in apply_outcomes(trials, posted, judged):
+        for t in resolved:
             if t.outcome == "unknown" and t.status == "complete":
                 self.undecided.append(t)
             pol = policy_for(self.policy, t.agent_name)
             g = grade_trial(t, pol)
-            ctb = contribution(t, severity=g.severity if pol is not None else 0.0, invalid=not g.valid)
+            # a replay the sandbox could not answer measures the sandbox: invalid (as review_group)
+            ctb = contribution(t, severity=g.severity if pol is not None else 0.0,
+                               invalid=not g.valid or is_sandbox_miss(t))
             group = (t.agent_name, t.agent_version, t.run_kind)
             new_state[t.trial_id] = (group, _Current(t.task_id, t.end_ns, ctb))
             grades.setdefault(group, {})[t.trial_id] = g
@@ -317,11 +324,16 @@ class Rollup:
         return out
 
     def resolve(self, trials: list[Trial]) -> list[Trial]:
-        """``trials`` with their outcomes resolved (metrics.md §6), reading only the posted
-        outcomes and verdicts that name them."""
-        ids = [t.trial_id for t in trials]
-        return apply_outcomes(trials, self._outcomes_for(ids, {t.trace_id for t in trials}),
-                              self._judgements_for(ids) if self.judge else None)
+        """``trials`` with their outcomes resolved (metrics.md §6, replays by item 4 against
+        their production runs), reading only the posted outcomes and verdicts that name them or
+        the production runs they replay."""
+        prod_ids = sorted({t.shadow_of for t in trials if t.shadow_of})
+        prods = self.store.load_trials(trial_ids=prod_ids) if prod_ids else []
+        both = [*trials, *prods]
+        ids = [t.trial_id for t in both]
+        posted = self._outcomes_for(ids, {t.trace_id for t in both})
+        judged = self._judgements_for(ids) if self.judge else None
+        return resolve_replays(self.store, apply_outcomes(trials, posted, judged), posted, judged, self.policy)
 
     def _outcomes_for(self, trial_ids: list[str], trace_ids: set[str]):
         if not trial_ids and not trace_ids:

@@ -26,6 +26,7 @@ from relyscope.scorers.policy import Policy
 from relyscope.scorers.profile import GroupScore
 from relyscope.scorers.review import GroupReview, policy_for, review_group, score_reviewed
 from relyscope.scoring.rollup import Rollup, window_start
+from relyscope.shadow.grading import resolve_replays
 from relyscope.scoring.drift import drift as drift_of
 from relyscope.scoring.stats import score_stats
 from relyscope.scoring.windows import parse_windows, window_name
@@ -106,7 +107,9 @@ class ScoreStage:
         """Trials from the store with their outcomes resolved (metrics.md §6). Filters as
         :meth:`relyscope.store.Store.load_trials`."""
         judged = self.store.judgements() if self.settings.judge_url else None
-        return apply_outcomes(self.store.load_trials(**filters), self.store.outcomes(), judged)
+        posted = self.store.outcomes()
+        trials = apply_outcomes(self.store.load_trials(**filters), posted, judged)
+        return resolve_replays(self.store, trials, posted, judged, self.policy)
 
     def _windowed_trials(self, **filters) -> list[Trial]:
         """Trials to score: with ``score_window_s`` set, those that ended within the window (rolling

@@ -122,7 +122,7 @@ SCHEMA = [
         actions Array(String), steps String, flags Array(String),
         shadow_of Nullable(String), perturbation_family Nullable(String),
         perturbation_strength Nullable(String), revision UInt32, span_count UInt32,
-        evaluations String DEFAULT '[]', version_ns UInt64
+        evaluations String DEFAULT '[]', version_ns UInt64, task_input Nullable(String)
     ) ENGINE = ReplacingMergeTree(version_ns)
     ORDER BY (agent, version, run_kind, trial_id)""",
     """CREATE TABLE IF NOT EXISTS {db}.outcomes (
@@ -147,6 +147,23 @@ SCHEMA = [
         run_kind LowCardinality(String), grade String, severity Float64, attribution LowCardinality(String),
         valid Bool, formula_set LowCardinality(String), version_ns UInt64
     ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY (agent, version, run_kind, trial_id)""",
+    # stores created before task_input existed
+    "ALTER TABLE {db}.trials ADD COLUMN IF NOT EXISTS task_input Nullable(String)",
+    # shadow replays (relyscope.store.shadow): one decision per production trial, one row per replay
+    """CREATE TABLE IF NOT EXISTS {db}.shadow_samples (
+        trial_id String, agent LowCardinality(String), version LowCardinality(String), task_id String,
+        decision LowCardinality(String), reason String, decided_at DateTime64(3)
+    ) ENGINE = ReplacingMergeTree(decided_at) ORDER BY trial_id""",
+    """CREATE TABLE IF NOT EXISTS {db}.shadow_replays (
+        replay_id String, experiment String, shadow_of String, task_id String,
+        agent LowCardinality(String), prod_version LowCardinality(String),
+        target_version LowCardinality(String), run_kind LowCardinality(String),
+        family LowCardinality(String), strength Nullable(String), seed Int64, idx UInt32,
+        input Nullable(String), status LowCardinality(String), trace_id String, error String,
+        calls String, n_calls UInt32, n_exact UInt32, n_position UInt32, n_live UInt32,
+        n_miss UInt32, n_faults UInt32, n_side_effects UInt32,
+        scheduled_at DateTime64(3), finished_at Nullable(DateTime64(3)), version_ns UInt64
+    ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY replay_id""",
 ]
 
 _SPAN_COLS = [
@@ -161,7 +178,7 @@ _TRIAL_COLS = [
     "confidence", "conversation_id", "start_time", "end_time", "wall_time_s", "input_tokens",
     "output_tokens", "total_tokens", "cost_usd", "model_calls", "tool_calls", "tool_errors",
     "actions", "steps", "flags", "shadow_of", "perturbation_family", "perturbation_strength",
-    "revision", "span_count", "evaluations", "version_ns",
+    "revision", "span_count", "evaluations", "version_ns", "task_input",
 ]
 _STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
 
@@ -306,6 +323,7 @@ class Store:
                 sorted(t.flags), t.shadow_of, t.perturbation_family, t.perturbation_strength,
                 t.revision, t.span_count,
                 json.dumps([dataclasses.asdict(e) for e in t.evaluations], ensure_ascii=True), now + i,
+                t.task_input,
             ])
         self._insert("trials", rows, _TRIAL_COLS)
 
@@ -335,6 +353,13 @@ class Store:
                 for r in rows]
         cols = list(rows[0])
         self._insert("scores", [[r[c] for c in cols] for r in rows], cols)
+
+    def insert_rows(self, table: str, rows: list[dict]) -> None:
+        """Insert dict rows (same keys each) into ``table``. Raises StoreUnavailable."""
+        if not rows:
+            return
+        cols = list(rows[0])
+        self._insert(table, [[r[c] for c in cols] for r in rows], cols)
 
     def insert_grades(self, rows: list[dict]) -> None:
         if not rows:
@@ -453,7 +478,8 @@ class Store:
 
     def load_trials(self, *, agent: str | None = None, version: str | None = None,
                     run_kind: str | None = None, since_ns: int | None = None,
-                    until_ns: int | None = None, trace_ids: Iterable[str] | None = None) -> list[Trial]:
+                    until_ns: int | None = None, trace_ids: Iterable[str] | None = None,
+                    trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None) -> list[Trial]:
         """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
         outcome their spans carried (posted outcomes are resolved by the scorers, not here)."""
         where, params = ["1"], {}
@@ -470,6 +496,12 @@ class Store:
         if trace_ids is not None:
             where.append("trace_id IN %(tids)s")
             params["tids"] = sorted(set(trace_ids)) or [""]
+        if trial_ids is not None:
+            where.append("trial_id IN %(trids)s")
+            params["trids"] = sorted(set(trial_ids)) or [""]
+        if task_ids is not None:
+            where.append("task_id IN %(taskids)s")
+            params["taskids"] = sorted(set(task_ids)) or [""]
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
@@ -494,6 +526,7 @@ class Store:
                 perturbation_strength=d["perturbation_strength"], revision=d["revision"],
                 span_count=d["span_count"],
                 evaluations=tuple(Evaluation(**e) for e in json.loads(d["evaluations"] or "[]")),
+                task_input=d["task_input"],
             )
             out.append(t)
         return out

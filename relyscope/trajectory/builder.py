@@ -413,6 +413,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         perturbation_strength=rsem.perturbation_strength, revision=revision,
         span_count=len(members) + (1 if root else 0),
         evaluations=tuple(evaluations) + (tuple(rsem.evaluations) if root else ()),
+        task_input=first_input or None,
     )
 
 

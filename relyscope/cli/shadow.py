@@ -1,0 +1,237 @@
+"""``relyscope shadow …`` (list, start, pause, resume, show, samples) and ``relyscope gate``: the
+operator's surface of shadow replays and release gates, over a running sidecar's API.
+
+``relyscope gate`` exits 0 pass, 1 block, 2 error (invalid experiment, unknown version, bad
+policy, sidecar or store unreachable), 3 inconclusive, and prints the reasons.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+shadow_app = typer.Typer(no_args_is_help=True, help="Shadow replays of sampled production tasks.")
+
+EXIT = {"pass": 0, "block": 1, "error": 2, "inconclusive": 3}
+
+
+def _cli():
+    from relyscope.cli import main as m
+
+    return m
+
+
+def _call(method: str, api: str, path: str, token: Optional[str], **kw):
+    """One API call; exits 2 with a message on transport errors, 401 and 5xx."""
+    import httpx
+
+    m = _cli()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.request(method, api.rstrip("/") + path, headers=headers, timeout=kw.pop("timeout", 60), **kw)
+    except httpx.TransportError as e:
+        m.err.print(f"[red]no sidecar answers at {api}:[/red] {e} (start `relyscope serve`, or pass --api URL)")
+        raise typer.Exit(2) from None
+    if r.status_code == 401:
+        m.err.print(f"[red]the sidecar at {api} refused the request:[/red] "
+                    + ("the token was refused" if token else "a bearer token is required (--token or RELYSCOPE_AUTH_TOKEN)"))
+        raise typer.Exit(2)
+    return r
+
+
+def _detail(r) -> str:
+    try:
+        d = r.json().get("detail")
+    except ValueError:
+        return r.text[:300]
+    if isinstance(d, list):  # pydantic errors
+        return "; ".join(f"{'.'.join(map(str, x.get('loc', [])[1:]))}: {x.get('msg')}" for x in d)
+    return str(d)
+
+
+_API = typer.Option("http://127.0.0.1:9464", "--api", help="URL of a running sidecar's API")
+_TOKEN = typer.Option(None, "--token", envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API")
+
+
+@shadow_app.command("list")
+def list_(status: Optional[str] = typer.Option(None, help="only replays with this status"),
+          limit: int = typer.Option(50, min=1, max=10000), format: str = typer.Option("table", "--format"),
+          api: str = _API, token: Optional[str] = _TOKEN) -> None:
+    """List replays, newest first, with the shadow state above."""
+    m = _cli()
+    st = _call("GET", api, "/api/v1/shadow", token)
+    if st.status_code != 200:
+        m.err.print(f"[red]{_detail(st)}[/red]")
+        raise typer.Exit(2)
+    params = {"limit": limit, **({"status": status} if status else {})}
+    r = _call("GET", api, "/api/v1/shadow/replays", token, params=params)
+    if r.status_code != 200:
+        m.err.print(f"[red]{_detail(r)}[/red]")
+        raise typer.Exit(2)
+    if format == "json":
+        print(json.dumps({"state": st.json(), **r.json()}, indent=2))
+        return
+    s = st.json()
+    m.console.print(f"shadow: {'[yellow]paused[/yellow]' if s['paused'] else 'running'} · targets "
+                    f"{', '.join(f'{v} → {u}' for v, u in s['targets'].items()) or 'none'} · decisions "
+                    f"{s['decisions'] or '{}'} · replays {s['replays'] or '{}'}")
+    t = Table(title="replays")
+    for c in ("replay", "of trial", "task", "version", "family", "status", "calls", "exact/pos", "miss", "faults", "side effects"):
+        t.add_column(c)
+    for row in r.json()["replays"]:
+        t.add_row(row["replay_id"][:12], row["shadow_of"][:20], row["task_id"][:24], row["target_version"],
+                  row["family"] + (f"/{row['strength']}" if row["strength"] else ""), row["status"],
+                  str(row["n_calls"]), f"{row['n_exact']}/{row['n_position']}", str(row["n_miss"]),
+                  str(row["n_faults"]), str(row["n_side_effects"]))
+    m.console.print(t)
+
+
+@shadow_app.command("show")
+def show(replay_id: str, api: str = _API, token: Optional[str] = _TOKEN) -> None:
+    """One replay with its tool-call log (matches, faults, side effects recorded, never executed)."""
+    m = _cli()
+    r = _call("GET", api, f"/api/v1/shadow/replays/{replay_id}", token)
+    if r.status_code != 200:
+        m.err.print(f"[red]{_detail(r)}[/red]")
+        raise typer.Exit(1 if r.status_code == 404 else 2)
+    row = r.json()
+    m.console.print({k: v for k, v in row.items() if k != "calls"})
+    t = Table(title="tool calls")
+    for c in ("#", "tool", "match", "answer", "side effect", "arguments"):
+        t.add_column(c)
+    for c in row["calls"]:
+        ans = c["outcome"] + (f" ({c['fault']})" if c.get("fault") else "")
+        t.add_row(str(c["index"]), c["name"], c["match"], ans,
+                  (c["side_effect"] or "?") + (" · recorded, not executed" if c["side_effecting"] else ""),
+                  json.dumps(c["arguments"], default=str)[:80])
+    m.console.print(t)
+
+
+@shadow_app.command("start")
+def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="production trial id (repeatable)"),
+          last: Optional[int] = typer.Option(None, "--last", min=1, help="replay the N most recent replayable runs"),
+          wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the plan with a progress bar"),
+          timeout_s: float = typer.Option(900, "--timeout", min=1),
+          api: str = _API, token: Optional[str] = _TOKEN) -> None:
+    """Replay production trials now (regardless of the sampling rate)."""
+    m = _cli()
+    if bool(trial) == bool(last):
+        m.err.print("[red]give --trial ID (repeatable) or --last N[/red]")
+        raise typer.Exit(2)
+    body = {"trial_ids": trial} if trial else {"last": last}
+    r = _call("POST", api, "/api/v1/shadow/replays", token, json=body)
+    if r.status_code != 200:
+        m.err.print(f"[red]{_detail(r)}[/red]")
+        raise typer.Exit(2)
+    plan = r.json()
+    for s in plan["skipped"]:
+        m.err.print(f"[yellow]skipped {s['trial_id']}: {s['reason']}[/yellow]")
+    for n in plan["notes"]:
+        m.err.print(f"note: {n}")
+    ids = plan["replay_ids"]
+    m.err.print(f"planned {len(ids)} replays of {len(plan['trials'])} trials")
+    if not wait or not ids:
+        return
+    deadline = time.monotonic() + timeout_s
+    with m._progress() as prog:
+        task = prog.add_task("replaying", total=len(ids))
+        while True:
+            st = _call("POST", api, "/api/v1/shadow/status", token, json={"replay_ids": ids}).json()["by_status"]
+            open_ = st.get("scheduled", 0) + st.get("running", 0)
+            prog.update(task, completed=len(ids) - open_)
+            if not open_:
+                break
+            if time.monotonic() > deadline:
+                m.err.print(f"[red]replays still open after {timeout_s:g} s: {st}[/red]")
+                raise typer.Exit(2)
+            time.sleep(0.5)
+    m.console.print(f"replays finished: {st}")
+
+
+@shadow_app.command("pause")
+def pause(api: str = _API, token: Optional[str] = _TOKEN) -> None:
+    """Pause automatic sampling and dispatch (replays in flight finish)."""
+    r = _call("POST", api, "/api/v1/shadow/pause", token)
+    _cli().console.print(r.json())
+
+
+@shadow_app.command("resume")
+def resume(api: str = _API, token: Optional[str] = _TOKEN) -> None:
+    """Resume sampling and dispatch."""
+    r = _call("POST", api, "/api/v1/shadow/resume", token)
+    _cli().console.print(r.json())
+
+
+@shadow_app.command("samples")
+def samples(decision: Optional[str] = typer.Option(None), limit: int = typer.Option(50, min=1),
+            api: str = _API, token: Optional[str] = _TOKEN) -> None:
+    """Sample decisions with their reasons (sampled, sampled_out, not_replayable, over_cap, manual)."""
+    m = _cli()
+    r = _call("GET", api, "/api/v1/shadow/samples", token, params={"limit": limit, **({"decision": decision} if decision else {})})
+    t = Table(title="sample decisions")
+    for c in ("trial", "agent", "version", "task", "decision", "reason"):
+        t.add_column(c)
+    for s in r.json()["samples"]:
+        t.add_row(s["trial_id"][:24], s["agent"], s["version"], s["task_id"][:24], s["decision"], s["reason"])
+    m.console.print(t)
+
+
+def gate(baseline: str = typer.Option(..., "--baseline", help="the version in production (the incumbent)"),
+         candidate: str = typer.Option(..., "--candidate", help="the version to release"),
+         policy: Optional[Path] = typer.Option(None, "--policy", help="gate thresholds YAML (default: the sidecar's)"),
+         agent: Optional[str] = typer.Option(None, "--agent", help="agent name (when several have these versions)"),
+         mode: str = typer.Option("shadow", "--mode", help="shadow (replays) or canary (canary traffic vs production)"),
+         format: str = typer.Option("table", "--format", help="table or json"),
+         api: str = _API, token: Optional[str] = _TOKEN) -> None:
+    """Release gate (metrics.md §10): exit 0 pass, 1 block, 2 error, 3 inconclusive."""
+    m = _cli()
+    body: dict = {"baseline": baseline, "candidate": candidate, "agent": agent, "mode": mode}
+    if policy is not None:
+        from relyscope.scorers.gate import GatePolicyError, load_gate_policy
+
+        try:
+            body["policy"] = load_gate_policy(policy).model_dump(mode="json")
+        except (GatePolicyError, OSError) as e:
+            m.err.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
+    r = _call("POST", api, "/api/v1/gate", token, json=body, timeout=300)
+    if r.status_code != 200:
+        m.err.print(f"[red]gate error ({r.status_code}):[/red] {_detail(r)}")
+        raise typer.Exit(2)
+    res = r.json()
+    if format == "json":
+        print(json.dumps(res, indent=2))
+    else:
+        render_gate(res, m.console)
+    raise typer.Exit(EXIT.get(res["verdict"], 2))
+
+
+def render_gate(res: dict, console) -> None:
+    """The verdict, its reasons and the per-metric deltas as tables."""
+    colour = {"pass": "green", "block": "red", "inconclusive": "yellow", "error": "magenta"}[res["verdict"]]
+    console.print(f"gate {res.get('baseline')} → {res.get('candidate')} ({res.get('mode')}): "
+                  f"[bold {colour}]{res['verdict'].upper()}[/bold {colour}]"
+                  + (f" · needs ≈{res['needs_more_tasks']} more tasks" if res.get("needs_more_tasks") else ""))
+    t = Table(title="reasons")
+    for c in ("kind", "name", "verdict", "message"):
+        t.add_column(c)
+    for x in res.get("reasons", []):
+        t.add_row(x["kind"], x["name"], x["verdict"], x["message"])
+    console.print(t)
+    d = Table(title="candidate − baseline (paired task-clustered bootstrap)")
+    for c in ("metric", "baseline", "candidate", "Δ", "95% CI", "tasks"):
+        d.add_column(c)
+
+    def f(x):
+        return "—" if x is None else f"{x:.3f}"
+
+    for k, v in sorted((res.get("deltas") or {}).items()):
+        ci = v.get("ci")
+        d.add_row(k, f(v.get("baseline")), f(v.get("candidate")), f(v.get("delta")),
+                  "—" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]", str(v.get("n_tasks")))
+    console.print(d)

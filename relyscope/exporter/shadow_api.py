@@ -1,0 +1,192 @@
+"""Shadow replay, tool proxy and release-gate routes of the management API.
+
+- ``POST /shadow/v1/replays/{replay_id}/tool-calls`` — the tool proxy a replayed agent calls (no
+  bearer token: the unguessable id of a *running* replay is the capability; any other id gets
+  404). Body ``{"name", "arguments", "call_id", "side_effect", "index"}``; the answer is the
+  sandbox's JSON envelope with an HTTP status that mirrors it (an injected timeout really waits).
+- ``GET /api/v1/shadow`` — state: paused, targets, decisions and replays by kind, proxy counts.
+- ``GET /api/v1/shadow/replays`` (filters ``status``, ``shadow_of``, ``target_version``,
+  ``limit``), ``GET /api/v1/shadow/replays/{id}`` (with the call log),
+  ``POST /api/v1/shadow/replays`` (``{"trial_ids": [...]}`` or ``{"last": N}``: replay now),
+  ``POST /api/v1/shadow/status`` (``{"replay_ids": [...]}`` → counts by status, for progress).
+- ``GET /api/v1/shadow/samples`` — sample decisions with reasons.
+- ``POST /api/v1/shadow/pause`` / ``resume``.
+- ``GET|POST /api/v1/gate`` — the verdict of metrics.md §10 (``baseline``, ``candidate``,
+  ``agent``, ``mode``; POST may carry a ``policy`` object). 404 names the versions that exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from relyscope.pipeline import Pipeline
+
+__all__ = ["shadow_router"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ReplayStart(_Strict):
+    trial_ids: list[str] | None = Field(None, min_length=1, max_length=1000)
+    last: int | None = Field(None, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.trial_ids is None) == (self.last is None):
+            raise ValueError("give exactly one of trial_ids (a list of production trial ids) or last (a count)")
+        return self
+
+
+class ReplayIds(_Strict):
+    replay_ids: list[str] = Field(min_length=1, max_length=100_000)
+
+
+class GateBody(_Strict):
+    baseline: str = Field(min_length=1)
+    candidate: str = Field(min_length=1)
+    agent: str | None = None
+    mode: str = "shadow"
+    policy: dict[str, Any] | None = None
+
+
+def _stage(pipeline: "Pipeline"):
+    st = getattr(pipeline, "shadow", None)
+    if st is None:
+        raise HTTPException(503, "shadow replays are not running in this sidecar")
+    return st
+
+
+def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
+    """The routes above; ``auth`` is the API's bearer-token dependency."""
+    r = APIRouter()
+    guarded = [Depends(auth)]
+
+    @r.post("/shadow/v1/replays/{replay_id}/tool-calls")
+    async def tool_call(replay_id: str, request: Request) -> JSONResponse:
+        st = _stage(pipeline)
+        try:
+            call = await request.json()
+        except ValueError:
+            return JSONResponse({"outcome": "sandbox_miss", "message": "body is not JSON"}, status_code=400)
+        if not isinstance(call, dict):
+            return JSONResponse({"outcome": "sandbox_miss", "message": "body must be a JSON object"}, status_code=400)
+        try:
+            ans = st.proxy_answer(replay_id, call)
+        except ValueError as e:
+            return JSONResponse({"outcome": "sandbox_miss", "message": str(e)}, status_code=400)
+        if ans is None:
+            return JSONResponse({"outcome": "sandbox_miss", "message": f"no running replay {replay_id}"},
+                                status_code=404)
+        if ans.delay_s > 0:
+            await asyncio.sleep(ans.delay_s)
+        return JSONResponse(ans.envelope, status_code=ans.status, headers=dict(ans.headers))
+
+    @r.get("/api/v1/shadow", dependencies=guarded)
+    def state() -> dict:
+        st = _stage(pipeline)
+        return {"paused": st.paused, "targets": dict(st.settings.shadow_targets),
+                "decisions": st.ledger.decision_counts(), "replays": st.ledger.status_counts(),
+                "running": len(st.running), "proxy": dict(st.counts["proxy"]),
+                "faults_injected": dict(st.counts["faults"]),
+                "side_effects_recorded": dict(st.counts["side_effects_recorded"]),
+                "rewriter": {**dict(st.counts["rewriter"]), "cost_usd": st.rewriter_cost_usd},
+                "last_error": st.last_error}
+
+    @r.get("/api/v1/shadow/replays", dependencies=guarded)
+    def replays(status: str | None = None, shadow_of: str | None = None, target_version: str | None = None,
+                limit: int = Query(200, ge=1, le=10_000)) -> dict:
+        from relyscope.store.shadow import REPLAY_STATUSES
+
+        if status is not None and status not in REPLAY_STATUSES:
+            raise HTTPException(422, f"status must be one of {', '.join(REPLAY_STATUSES)}")
+        rows = _stage(pipeline).ledger.replays(status=status, shadow_of=shadow_of,
+                                               target_version=target_version, limit=limit)
+        return {"replays": rows, "count": len(rows)}
+
+    @r.get("/api/v1/shadow/replays/{replay_id}", dependencies=guarded)
+    def replay(replay_id: str) -> dict:
+        import json
+
+        rows = _stage(pipeline).ledger.replays(replay_ids=[replay_id], with_calls=True, limit=1)
+        if not rows:
+            raise HTTPException(404, f"no replay {replay_id}")
+        row = rows[0]
+        row["calls"] = json.loads(row["calls"] or "[]")
+        return row
+
+    @r.post("/api/v1/shadow/replays", dependencies=guarded)
+    def start(body: ReplayStart) -> dict:
+        try:
+            return _stage(pipeline).plan_now(trial_ids=body.trial_ids, last=body.last)
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
+
+    @r.post("/api/v1/shadow/status", dependencies=guarded)
+    def progress(body: ReplayIds) -> dict:
+        from collections import Counter
+
+        st = _stage(pipeline)
+        rows = st.ledger.replays(replay_ids=body.replay_ids, limit=len(body.replay_ids))
+        counts = Counter(r["status"] for r in rows)
+        running = sum(1 for r in rows if r["replay_id"] in st.running)
+        if running:
+            counts["scheduled"] -= running
+            counts["running"] += running
+        return {"total": len(body.replay_ids), "by_status": {k: v for k, v in counts.items() if v}}
+
+    @r.get("/api/v1/shadow/samples", dependencies=guarded)
+    def samples(decision: str | None = None, limit: int = Query(200, ge=1, le=10_000)) -> dict:
+        rows = _stage(pipeline).ledger.decisions(decision=decision, limit=limit)
+        return {"samples": rows, "count": len(rows)}
+
+    @r.post("/api/v1/shadow/pause", dependencies=guarded)
+    def pause() -> dict:
+        _stage(pipeline).pause()
+        return {"paused": True}
+
+    @r.post("/api/v1/shadow/resume", dependencies=guarded)
+    def resume() -> dict:
+        _stage(pipeline).resume()
+        return {"paused": False}
+
+    def _gate(baseline: str, candidate: str, agent: str | None, mode: str, policy_data: dict | None) -> dict:
+        from relyscope.scorers.gate import GatePolicyError, parse_gate_policy
+        from relyscope.shadow.gating import MODES, UnknownVersion, run_gate
+        from relyscope.store import StoreUnavailable
+
+        if mode not in MODES:
+            raise HTTPException(422, f"mode must be one of {', '.join(MODES)}")
+        try:
+            policy = parse_gate_policy(policy_data, origin="request body policy") if policy_data is not None \
+                else pipeline.gate_policy
+        except GatePolicyError as e:
+            raise HTTPException(422, str(e)) from None
+        try:
+            res = run_gate(pipeline.load_trials, pipeline.store, baseline=baseline, candidate=candidate,
+                           policy=policy, safety_policy=pipeline.policy, agent=agent, mode=mode)
+        except UnknownVersion as e:
+            raise HTTPException(404, str(e)) from None
+        except StoreUnavailable as e:
+            raise HTTPException(503, f"store unreachable: {e}") from None
+        out = res.to_json()
+        out.update(baseline=baseline, candidate=candidate, agent=agent, mode=mode)
+        pipeline.gate_results[(agent or "", baseline, candidate, mode)] = res
+        return out
+
+    @r.get("/api/v1/gate", dependencies=guarded)
+    def gate(baseline: str, candidate: str, agent: str | None = None, mode: str = "shadow") -> dict:
+        return _gate(baseline, candidate, agent, mode, None)
+
+    @r.post("/api/v1/gate", dependencies=guarded)
+    def gate_post(body: GateBody) -> dict:
+        return _gate(body.baseline, body.candidate, body.agent, body.mode, body.policy)
+
+    return r

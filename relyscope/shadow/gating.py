@@ -1,0 +1,123 @@
+"""The release gate over stored runs: gather both sides of a shadow or canary comparison, grade
+them, measure the experiment (sandbox misses, harness agreement) and hand everything to the pure
+verdict logic of :mod:`relyscope.scorers.gate` (metrics.md §10).
+
+Modes:
+
+- ``shadow`` (default): baseline and candidate are the shadow replays of the same sampled
+  production tasks against the two versions' replay targets (run kind ``shadow``);
+- ``canary``: the candidate's canary production traffic (run kind ``canary``) against the
+  baseline's production traffic, paired on the tasks both ran.
+
+Raises :class:`UnknownVersion` when a side has no runs (the message lists the versions that
+exist) and ``StoreUnavailable`` when the store cannot be read.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from relyscope.model import Trial
+from relyscope.scorers.gate import GatePolicy, GateResult, GateSide, HarnessStats, SandboxStats, evaluate_gate
+from relyscope.scorers.review import policy_for, review_group
+from relyscope.shadow.grading import harness_check, production_success_rates
+from relyscope.store.shadow import ShadowLedger
+
+__all__ = ["UnknownVersion", "gate_side", "run_gate", "MODES"]
+
+MODES = ("shadow", "canary")
+
+
+class UnknownVersion(LookupError):
+    """A gate side names an agent version with no runs of the needed kind."""
+
+
+def gate_side(trials: Sequence[Trial], policy: Any, label: str) -> GateSide:
+    """Grade one side (its safety policy, if it covers the agent) into a :class:`GateSide`."""
+    pol = policy_for(policy, trials[0].agent_name) if trials and policy is not None else None
+    rv = review_group(trials, pol)
+    critical: dict[str, int] = {}
+    forbidden: dict[str, int] = {}
+    for tid, g in rv.grades.items():
+        crit = sum(1 for v in g.violations if str(getattr(v.severity, "value", v.severity)) == "critical")
+        forb = sum(1 for v in g.violations if v.rule_type == "forbidden_tool" and not v.attempted)
+        if crit:
+            critical[tid] = crit
+        if forb:
+            forbidden[tid] = forb
+    measured = pol is not None  # no policy: safety unknown (None), never "0 violations"
+    return GateSide(trials=list(trials), severities=rv.severities if measured else None,
+                    critical=critical if measured else None,
+                    committed_forbidden=forbidden if measured else None, invalid=rv.invalid, label=label)
+
+
+def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, candidate: str,
+             policy: GatePolicy, safety_policy: Any = None, agent: str | None = None,
+             mode: str = "shadow") -> GateResult:
+    """Gate ``candidate`` against ``baseline`` (agent versions).
+
+    ``load(agent=…, version=…, run_kind=…)`` returns trials with outcomes resolved (metrics.md §6,
+    replays by side-effect equivalence) — the pipeline's loader. ``agent``: needed when several
+    agents have these versions. Raises UnknownVersion, ValueError (bad mode), StoreUnavailable.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    base_kind, cand_kind = ("shadow", "shadow") if mode == "shadow" else ("production", "canary")
+    if mode == "shadow":  # replays may run as canary kind when so configured
+        kinds = _kinds_of(store, agent)
+        if ("shadow" not in kinds) and "canary" in kinds:
+            base_kind = cand_kind = "canary"
+    sides = {}
+    for label, version, kind in (("baseline", baseline, base_kind), ("candidate", candidate, cand_kind)):
+        trials = load(agent=agent, version=version, run_kind=kind) if agent else load(version=version, run_kind=kind)
+        agents = sorted({t.agent_name for t in trials})
+        if not trials:
+            known = _known_versions(store, kind)
+            raise UnknownVersion(f"{label} version {version!r} has no {kind} runs"
+                                 + (f" of agent {agent!r}" if agent else "")
+                                 + (f"; versions with {kind} runs: {', '.join(known)}" if known else
+                                    f"; no {kind} runs are stored yet"))
+        if len(agents) > 1:
+            raise UnknownVersion(f"{label} version {version!r} has {kind} runs of several agents "
+                                 f"({', '.join(agents)}): name one with --agent")
+        sides[label] = trials
+    b_side = gate_side(sides["baseline"], safety_policy, "baseline")
+    c_side = gate_side(sides["candidate"], safety_policy, "candidate")
+    sandbox = harness = None
+    if mode == "shadow":
+        ledger = ShadowLedger(store)
+        a = agent or sides["candidate"][0].agent_name
+        n_b, m_b = ledger.sandbox_stats(baseline, agent=a)
+        n_c, m_c = ledger.sandbox_stats(candidate, agent=a)
+        sandbox = SandboxStats(replays=n_b + n_c, sandbox_misses=m_b + m_c)
+        replays = sides["baseline"] + sides["candidate"]
+        prod_ids = {t.shadow_of for t in replays if t.shadow_of}
+        prods = {t.trial_id: t for t in load(trial_ids=prod_ids)} if prod_ids else {}
+        incumbent = {p.agent_version for p in prods.values()}
+        tasks = {t.task_id for t in replays if t.agent_version in incumbent}
+        rates = production_success_rates(
+            [t for t in load(agent=a, run_kind="production", task_ids=tasks) if t.agent_version in incumbent]
+        ) if tasks else {}
+        hc = harness_check(replays, prods, rates)
+        harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing, expected=min(hc.expected, hc.replays),
+                               variance=hc.variance) if hc.replays else None
+    return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness)
+
+
+def _kinds_of(store: Any, agent: str | None) -> set[str]:
+    where, params = "status != 'superseded'", {}
+    if agent:
+        where += " AND agent = %(a)s"
+        params["a"] = agent
+    return {r[0] for r in store.query(f"SELECT DISTINCT run_kind FROM {{db}}.trials FINAL WHERE {where}", params)}
+
+
+def _known_versions(store: Any, kind: str) -> list[str]:
+    rows = store.query("SELECT agent, version, count() FROM {db}.trials FINAL WHERE run_kind = %(k)s "
+                       "AND status != 'superseded' GROUP BY agent, version ORDER BY agent, version", {"k": kind})
+    counts: dict[str, int] = collections.OrderedDict()
+    for a, v, n in rows:
+        counts[f"{a} {v} ({n} runs)"] = n
+    return list(counts)

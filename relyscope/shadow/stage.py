@@ -1,0 +1,359 @@
+"""The shadow stage of the sidecar: sample finished production trials, plan their replays, send
+them to the replay targets, answer the replayed agents' tool calls through the sandbox, and record
+everything in the ledger (:mod:`relyscope.store.shadow`).
+
+One thread runs :meth:`ShadowStage.tick` every ``shadow_interval_s``: it decides the trials that
+ended in ``[now − shadow_lookback_s, now − shadow_quiet_s]`` and have no decision yet (cost
+follows the window, not the history), plans the sampled ones, and dispatches scheduled replays
+``shadow_concurrency`` at a time. A replay POSTs a ``relyscope.replay/v1`` request
+(:mod:`relyscope.instrumentation.replay`) with a fresh trace id in ``traceparent``; its spans come
+back over OTLP and are scored like any run (run kind ``shadow`` or ``canary``). The tool proxy
+sessions live in memory for the duration of a replay; the API routes of
+:mod:`relyscope.exporter.shadow_api` call :meth:`ShadowStage.proxy_answer`.
+
+Errors: store errors are logged and retried next tick (``StoreUnavailable``); a target that is
+down, answers garbage or never answers marks the replay ``error`` / ``timeout`` with the reason —
+production data is never touched. Thread-safety: the public methods are safe from any thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from relyscope.config import Settings
+from relyscope.model import Trial
+from relyscope.shadow.plan import ReplaySpec, plan_replays
+from relyscope.shadow.proxy import ProxyAnswer, SandboxSession, recorded_calls
+from relyscope.shadow.sampler import SampleDecision, Sampler
+from relyscope.store import Store, StoreUnavailable
+from relyscope.store.shadow import ShadowLedger
+
+__all__ = ["ShadowStage"]
+
+log = logging.getLogger("relyscope.shadow")
+
+
+class ShadowStage:
+    """See the module docstring. ``proxy_base_url``: where replayed agents reach the API (the tool
+    proxy is ``{proxy_base_url}/shadow/v1/replays/{replay_id}/tool-calls``)."""
+
+    def __init__(self, settings: Settings, store: Store, policy: Any = None, *, proxy_base_url: str):
+        from relyscope.shadow.faults import FaultInjector
+
+        s = settings
+        self.settings = s
+        self.store = store
+        self.ledger = ShadowLedger(store)
+        self.policy = policy
+        self.proxy_base_url = (s.shadow_proxy_url or proxy_base_url).rstrip("/")
+        self.sampler = Sampler(s.shadow_rate, s.shadow_cap_per_hour, s.shadow_quiet_s)
+        from relyscope.shadow.faults import FAULT_MIX
+
+        self.injector = FaultInjector(s.shadow_p_fault, s.shadow_fault_mix or FAULT_MIX,
+                                      timeout_s=s.shadow_fault_timeout_s,
+                                      retry_after_s=s.shadow_fault_retry_after_s, tools=s.shadow_fault_tools)
+        self.paused = s.shadow_paused
+        self.sessions: dict[str, SandboxSession] = {}
+        self.running: set[str] = set()
+        self.counts: dict[str, collections.Counter] = {
+            "decisions": collections.Counter(), "replays": collections.Counter(),
+            "proxy": collections.Counter(), "faults": collections.Counter(),
+            "side_effects_recorded": collections.Counter(), "rewriter": collections.Counter()}
+        self.rewriter_cost_usd: float | None = None
+        self._rewriter_obj = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max_workers=s.shadow_concurrency, thread_name_prefix="relyscope-replay")
+        self._hour: tuple[int, dict[str, int]] | None = None
+        self.last_error: str | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the sampling / dispatch thread."""
+        self._thread = threading.Thread(target=self._loop, name="relyscope-shadow", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread; replays in flight are left ``scheduled`` for the next start. Idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def pause(self) -> None:
+        """Stop sampling and dispatching (replays in flight finish)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._wake.set()
+
+    def kick(self) -> None:
+        """Run a tick now instead of at the next interval."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+                self.last_error = None
+            except StoreUnavailable as e:
+                self.last_error = str(e)
+                log.warning("shadow tick: store unavailable: %s", e)
+            except Exception as e:  # noqa: BLE001 - a stage boundary: log, keep running
+                self.last_error = str(e)
+                log.exception("shadow tick failed")
+            self._wake.wait(self.settings.shadow_interval_s)
+            self._wake.clear()
+
+    # ---- one cycle ------------------------------------------------------------------------------
+    def tick(self, now_ns: int | None = None) -> int:
+        """Sample, plan and dispatch once (nothing while paused). Returns replays dispatched."""
+        if self.paused or not self.settings.shadow_targets:
+            return 0
+        self.sample(now_ns)
+        done = 0
+        while not self._stop.is_set() and not self.paused:
+            n = self.dispatch(max_n=4 * self.settings.shadow_concurrency)
+            if not n:
+                break
+            done += n
+        return done
+
+    def _sampled_this_hour(self, now_s: float) -> dict[str, int]:
+        hour = int(now_s // 3600)
+        if self._hour is None or self._hour[0] != hour:
+            self._hour = (hour, self.ledger.sampled_since(hour * 3600.0))
+        return self._hour[1]
+
+    def sample(self, now_ns: int | None = None) -> list[SampleDecision]:
+        """Decide every eligible production trial of the look-back window that has no decision
+        yet; plan the sampled ones. Returns the decisions made."""
+        now_ns = now_ns or time.time_ns()
+        s = self.settings
+        ids = self.ledger.candidate_trial_ids(now_ns - int(s.shadow_lookback_s * 1e9),
+                                              now_ns - int(s.shadow_quiet_s * 1e9))
+        new = sorted(set(ids) - self.ledger.decided(ids))
+        if not new:
+            return []
+        trials = [t for t in self.store.load_trials(trial_ids=new) if self.sampler.eligible(t, now_ns)]
+        counts = self._sampled_this_hour(now_ns / 1e9)
+        decisions, sampled = [], []
+        for t in sorted(trials, key=lambda t: t.end_ns):
+            d = self.sampler.decide(t, counts)
+            decisions.append(d)
+            if d.decision == "sampled":
+                counts[t.agent_name] = counts.get(t.agent_name, 0) + 1
+                sampled.append(t)
+        self._schedule(sampled)
+        self.ledger.record_decisions(decisions)
+        self.counts["decisions"].update(d.decision for d in decisions)
+        return decisions
+
+    def plan_now(self, *, trial_ids: list[str] | None = None, last: int | None = None) -> dict[str, Any]:
+        """Plan replays of the given production trials (or the ``last`` most recent replayable
+        ones) regardless of the sampling rate (decision ``manual``). Returns ``{"replay_ids",
+        "trials", "skipped": [{trial_id, reason}], "notes"}``. Raises ValueError when no target is
+        configured or a trial id is unknown."""
+        from relyscope.shadow.proxy import replayable
+
+        if not self.settings.shadow_targets:
+            raise ValueError("no replay target is configured: set RELYSCOPE_SHADOW_TARGETS "
+                             "(agent version → URL of its replay endpoint)")
+        if trial_ids:
+            trials = self.store.load_trials(trial_ids=trial_ids)
+            missing = sorted(set(trial_ids) - {t.trial_id for t in trials})
+            if missing:
+                raise ValueError(f"unknown trial ids: {missing[:5]}")
+        else:
+            n = max(1, int(last or 1))
+            ids = self.ledger.candidate_trial_ids(0, time.time_ns(), limit=n * 4, newest_first=True)
+            trials = self.store.load_trials(trial_ids=ids) if ids else []
+            trials.sort(key=lambda t: -t.end_ns)
+        chosen, skipped, decisions = [], [], []
+        for t in trials:
+            ok, why = replayable(t)
+            if t.run_kind != "production" or t.shadow_of:
+                ok, why = False, f"run kind {t.run_kind}: only production runs are replayed"
+            if not ok:
+                skipped.append({"trial_id": t.trial_id, "reason": why})
+                continue
+            if not trial_ids and len(chosen) >= int(last or 1):
+                break
+            chosen.append(t)
+            decisions.append(SampleDecision(t.trial_id, t.agent_name, t.agent_version, t.task_id, "manual",
+                                            "requested over the API"))
+        specs, notes = self._schedule(chosen)
+        self.ledger.record_decisions(decisions)
+        self.counts["decisions"].update(d.decision for d in decisions)
+        self._wake.set()
+        return {"replay_ids": [sp.replay_id for sp in specs], "trials": [t.trial_id for t in chosen],
+                "skipped": skipped, "notes": notes}
+
+    def _rewrite(self, text: str, seed: int, strength: str) -> list[str]:
+        from relyscope.shadow.rewriters import prompt_variants
+
+        rw = self._rewriter
+        try:
+            out = prompt_variants(text, j=self.settings.shadow_j, seed=seed, strength=strength, rewriter=rw)
+        except Exception as e:  # noqa: BLE001 - an LLM rewriter over budget or down: fall back, counted
+            from relyscope.shadow.rewriters import RuleRewriter
+
+            self.counts["rewriter"]["fallback"] += 1
+            log.warning("prompt rewriter failed (%s); using the built-in rule rewriter", e)
+            out = prompt_variants(text, j=self.settings.shadow_j, seed=seed, strength=strength, rewriter=RuleRewriter())
+        usage = getattr(rw, "usage", None)
+        if usage is not None:  # the LLM rewriter: calls and cost of this cycle (None = unknown)
+            u = usage() if callable(usage) else usage
+            self.counts["rewriter"]["calls"] = u.calls
+            self.counts["rewriter"]["failed_calls"] = u.failed_calls
+            self.rewriter_cost_usd = u.cost_usd
+        return out
+
+    @property
+    def _rewriter(self):
+        if self._rewriter_obj is None:
+            self._rewriter_obj = self._make_rewriter()
+        return self._rewriter_obj
+
+    def _make_rewriter(self):
+        from relyscope.shadow.rewriters import LLMRewriter, RuleRewriter
+
+        s = self.settings
+        if not s.rewriter_url:
+            return RuleRewriter()
+        key = s.rewriter_api_key.get_secret_value() if s.rewriter_api_key else None
+        return LLMRewriter(s.rewriter_url, s.rewriter_model, key, max_calls_per_cycle=s.rewriter_max_per_cycle,
+                           price_per_1k_input_tokens=s.rewriter_price_per_1k_input_tokens,
+                           price_per_1k_output_tokens=s.rewriter_price_per_1k_output_tokens)
+
+    def _schedule(self, trials: list[Trial]) -> tuple[list[ReplaySpec], list[str]]:
+        s = self.settings
+        if "prompt" in s.shadow_families and s.shadow_j:
+            rw = self._rewriter
+            if hasattr(rw, "new_cycle"):
+                rw.new_cycle()
+        specs: list[ReplaySpec] = []
+        notes: list[str] = []
+        for t in trials:
+            sp, nt = plan_replays(t, sorted(s.shadow_targets), k=s.shadow_k, j=s.shadow_j,
+                                  families=s.shadow_families, env_strength=s.shadow_env_strength,
+                                  prompt_strength=s.shadow_prompt_strength, run_kind=s.shadow_run_kind,
+                                  rewrite=self._rewrite)
+            specs += sp
+            notes += [f"{t.trial_id}: {n}" for n in nt]
+        now = time.time()
+        self.ledger.write_replays([{**_spec_row(sp), "status": "scheduled", "scheduled_at": now} for sp in specs])
+        self.counts["replays"]["scheduled"] += len(specs)
+        return specs, notes
+
+    def dispatch(self, max_n: int = 8) -> int:
+        """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record their
+        results in one write. Returns how many ran."""
+        rows = [r for r in self.ledger.replays(status="scheduled", limit=max_n + len(self.running), oldest_first=True)
+                if r["replay_id"] not in self.running][:max_n]
+        if not rows:
+            return 0
+        prods = {t.trial_id: t for t in self.store.load_trials(trial_ids={r["shadow_of"] for r in rows})}
+        with self._lock:
+            self.running.update(r["replay_id"] for r in rows)
+        try:
+            results = list(self._pool.map(lambda r: self._run_one(r, prods.get(r["shadow_of"])), rows))
+        finally:
+            with self._lock:
+                self.running.difference_update(r["replay_id"] for r in rows)
+        self.ledger.write_replays(results)
+        self.counts["replays"].update(r["status"] for r in results)
+        return len(results)
+
+    def _run_one(self, row: dict, prod: Trial | None) -> dict:
+        import httpx
+
+        from relyscope.instrumentation.replay import ReplayRequest, ReplayTask
+        from relyscope.shadow.envperturb import perturb_result
+
+        s = self.settings
+        rid = row["replay_id"]
+        out = dict(row)
+        out["finished_at"] = None
+        url = s.shadow_targets.get(row["target_version"])
+        if prod is None or url is None:
+            out.update(status="cancelled", error="production trial gone" if prod is None
+                       else f"no replay target for version {row['target_version']!r} any more",
+                       finished_at=time.time())
+            return out
+        session = SandboxSession(
+            rid, recorded_calls(prod), family=row["family"], seed=int(row["seed"]), strength=row["strength"],
+            injector=self.injector, live_tools=s.shadow_live_tools,
+            policy_side_effects={k: getattr(v, "value", v) for k, v in getattr(self.policy, "side_effects", {}).items()},
+            perturb=perturb_result)
+        trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+        req = ReplayRequest(
+            replay_id=rid, run_kind=row["run_kind"], shadow_of=row["shadow_of"],
+            task=ReplayTask(task_id=row["task_id"], input=row["input"], agent=row["agent"]),
+            family=row["family"], strength=row["strength"], seed=int(row["seed"]),
+            traceparent=f"00-{trace_id}-{span_id}-01",
+            tool_proxy_url=f"{self.proxy_base_url}/shadow/v1/replays/{rid}/tool-calls",
+            deadline_s=s.shadow_replay_timeout_s)
+        with self._lock:
+            self.sessions[rid] = session
+        status, error = "completed", ""
+        try:
+            r = httpx.post(url, json=req.to_json(), timeout=s.shadow_replay_timeout_s)
+            try:
+                reply = r.json()
+            except ValueError:
+                reply = None
+            if r.status_code != 200 or not isinstance(reply, dict) or reply.get("replay_id") != rid:
+                status, error = "error", f"target {url} answered HTTP {r.status_code}: {r.text[:200]!r} (not a replay reply)"
+            elif reply.get("status") == "failed":
+                status, error = "failed", str(reply.get("error") or "")[:500]
+        except httpx.TimeoutException:
+            status, error = "timeout", f"no reply from {url} within {s.shadow_replay_timeout_s:g} s"
+        except httpx.HTTPError as e:
+            status, error = "error", f"target {url} unreachable: {e}"
+        finally:
+            with self._lock:
+                self.sessions.pop(rid, None)
+        summ = session.summary()
+        if summ["misses"] and status in ("completed", "failed"):
+            status = "sandbox_miss"
+        for c in session.calls:
+            self.counts["proxy"][c["outcome"] if c["outcome"] in ("live", "sandbox_miss") else c["match"]] += 1
+            if c.get("fault"):
+                self.counts["faults"][c["fault"]] += 1
+            if c["side_effecting"]:
+                self.counts["side_effects_recorded"][c["side_effect"] or "unknown"] += 1
+        out.update(status=status, error=error, trace_id=trace_id, calls=session.log_json(),
+                   n_calls=summ["calls"], n_exact=summ["exact"], n_position=summ["position"],
+                   n_live=summ["live"], n_miss=summ["misses"], n_faults=summ["faults"],
+                   n_side_effects=summ["side_effects"], finished_at=time.time())
+        return out
+
+    # ---- the proxy ------------------------------------------------------------------------------
+    def proxy_answer(self, replay_id: str, call: dict) -> ProxyAnswer | None:
+        """The sandbox's answer to one tool call of a running replay; None for a replay that is
+        not running (unknown, finished, or cancelled). Raises ValueError for a malformed call."""
+        with self._lock:
+            session = self.sessions.get(replay_id)
+        if session is None:
+            return None
+        return session.answer(call)
+
+
+def _spec_row(sp: ReplaySpec) -> dict:
+    return {"replay_id": sp.replay_id, "experiment": sp.experiment, "shadow_of": sp.shadow_of,
+            "task_id": sp.task_id, "agent": sp.agent, "prod_version": sp.prod_version,
+            "target_version": sp.target_version, "run_kind": sp.run_kind, "family": sp.family,
+            "strength": sp.strength, "seed": sp.seed, "idx": sp.index, "input": sp.input}

@@ -1,0 +1,309 @@
+"""Shadow replays end to end: a real sidecar process, a real agent process serving the replay
+protocol, real OTLP. The agent's refund tool appends to a file — the side effect no replay may
+cause."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from relyscope.testing import start_sidecar
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """The refund agent (tests/agents/refund_agent.py) as a replay target process."""
+
+    def __init__(self, sidecar, effects: Path, version: str, port: int, *flags: str):
+        self.port = port
+        cmd = [sys.executable, "-m", "tests.agents.refund_agent", "serve", "--otlp", sidecar.otlp_grpc,
+               "--effects", str(effects), "--version", version, "--port", str(self.port), *flags]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{self.port}/relyscope/replay"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/relyscope/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stderr.read())
+        raise RuntimeError("agent target did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def run_production(sidecar, effects: Path, *, tasks: int, runs: int, version: str = "1.0") -> None:
+    subprocess.run([sys.executable, "-m", "tests.agents.refund_agent", "prod", "--otlp", sidecar.otlp_grpc,
+                    "--effects", str(effects), "--version", version, "--tasks", str(tasks), "--runs", str(runs)],
+                   cwd=ROOT, check=True, timeout=60)
+    sidecar.flush()
+
+
+def replay_and_wait(sidecar, trial_ids: list[str], timeout_s: float = 120) -> list[str]:
+    r = sidecar.post("/api/v1/shadow/replays", json={"trial_ids": trial_ids})
+    assert r.status_code == 200, r.text
+    ids = r.json()["replay_ids"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = sidecar.post("/api/v1/shadow/status", json={"replay_ids": ids}).json()["by_status"]
+        if not st.get("scheduled") and not st.get("running"):
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"replays did not finish: {st}")
+    sidecar.flush()
+    return ids
+
+
+def _ports_env(targets: dict[str, int], **extra) -> dict:
+    env = {"RELYSCOPE_SHADOW_TARGETS": json.dumps({v: f"http://127.0.0.1:{p}/relyscope/replay"
+                                                   for v, p in targets.items()}),
+           "RELYSCOPE_SHADOW_RATE": "0", "RELYSCOPE_SHADOW_INTERVAL_S": "0.5",
+           "RELYSCOPE_SHADOW_FAULT_TIMEOUT_S": "0.05"}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def nominal_env(tmp_path_factory):
+    """Production runs of 2 tasks × 2, then nominal replays (K = 3) against the same version."""
+    tmp = tmp_path_factory.mktemp("shadow_nominal")
+    port = free_port()
+    sc = start_sidecar(tmp, extra_env=_ports_env({"1.0": port}, RELYSCOPE_SHADOW_K="3",
+                                                  RELYSCOPE_SHADOW_FAMILIES='["nominal"]'))
+    effects = tmp / "effects.log"
+    agent = None
+    try:
+        run_production(sc, effects, tasks=2, runs=2)
+        prod = sc.trials(run_kind="production")
+        agent = Agent(sc, effects, "1.0", port)
+        lines_before = effects.read_text().splitlines()
+        ids = replay_and_wait(sc, [t["trial_id"] for t in prod])
+        yield {"sc": sc, "prod": prod, "replay_ids": ids, "effects": effects, "lines_before": lines_before}
+    finally:
+        if agent is not None:
+            agent.stop()
+        sc.kill()
+
+
+def test_nominal_replay_reproduces_trajectory_and_outcome(nominal_env):
+    sc, prod = nominal_env["sc"], nominal_env["prod"]
+    assert len(prod) == 4 and all(t["outcome"] == "success" for t in prod)
+    replays = sc.trials(run_kind="shadow")
+    assert len(replays) == 4 * 3  # K = 3 nominal replays of each production trial
+    by_id = {t["trial_id"]: t for t in prod}
+    for r in replays:
+        p = by_id[r["shadow_of"]]
+        assert r["task_id"] == p["task_id"]
+        assert r["actions"] == p["actions"] == ["get_order", "issue_refund"]
+        assert r["outcome"] == "success", r
+        assert r["outcome_source"] == "side_effect_equivalence"
+
+
+def test_no_side_effect_escapes_and_intent_is_recorded(nominal_env):
+    sc, effects = nominal_env["sc"], nominal_env["effects"]
+    # production wrote 4 refund lines; 12 replays wrote none
+    assert effects.read_text().splitlines() == nominal_env["lines_before"]
+    assert len(nominal_env["lines_before"]) == 4
+    rid = nominal_env["replay_ids"][0]
+    row = sc.get(f"/api/v1/shadow/replays/{rid}").json()
+    assert row["status"] == "completed" and row["n_side_effects"] == 1 and row["n_miss"] == 0
+    refund = [c for c in row["calls"] if c["name"] == "issue_refund"]
+    assert len(refund) == 1 and refund[0]["side_effecting"] and not refund[0]["executed"]
+    assert refund[0]["arguments"]["amount"] in (10.0, 15.0)
+    assert refund[0]["match"] == "exact"
+
+
+def test_shadow_group_scored_with_consistency(nominal_env):
+    rep = nominal_env["sc"].report()
+    g = next(g for g in rep["groups"] if g["run_kind"] == "shadow")
+    assert g["tasks"] == 2 and g["trials"] == 12
+    assert g["metrics"]["success_rate"]["value"] == 1.0
+    assert g["metrics"]["C_out"]["value"] == 1.0
+
+
+def test_fault_at_p1_for_one_tool_is_exactly_what_the_agent_sees(tmp_path):
+    """p_fault = 1, only http_500, only get_order: every get_order of a fault replay errors with
+    http_500 (the agent retries twice, then gives up), nothing else is faulted, no refund happens."""
+    port = free_port()
+    sc = start_sidecar(tmp_path, extra_env=_ports_env(
+        {"1.0": port}, RELYSCOPE_SHADOW_K="2", RELYSCOPE_SHADOW_FAMILIES='["nominal", "fault"]',
+        RELYSCOPE_SHADOW_P_FAULT="1", RELYSCOPE_SHADOW_FAULT_MIX='{"http_500": 1.0}',
+        RELYSCOPE_SHADOW_FAULT_TOOLS='["get_order"]'))
+    effects = tmp_path / "effects.log"
+    agent = None
+    try:
+        run_production(sc, effects, tasks=1, runs=1)
+        prod = sc.trials(run_kind="production")
+        agent = Agent(sc, effects, "1.0", port)
+        replay_and_wait(sc, [prod[0]["trial_id"]])
+        shadow = sc.trials(run_kind="shadow")
+        faulted = [t for t in shadow if t["perturbation_family"] == "fault"]
+        nominal = [t for t in shadow if t["perturbation_family"] == "nominal"]
+        assert len(faulted) == 2 and len(nominal) == 2
+        for t in faulted:
+            tools = [s for s in t["steps"] if s["op"] == "tool"]
+            assert [s["tool_name"] for s in tools] == ["get_order"] * 3  # 1 try + 2 retries, no refund
+            assert all(s["error"] == "http_500" and s["fault_type"] == "http_500" for s in tools)
+            assert t["outcome"] == "failure"  # no refund ≠ the verified production refund
+        for t in nominal:
+            assert all(s.get("fault_type") is None for s in t["steps"])
+            assert t["outcome"] == "success"
+        rep = next(g for g in sc.report()["groups"] if g["run_kind"] == "shadow")
+        assert rep["metrics"]["R_fault"]["value"] == 0.0  # Acc_fault 0 / Acc_nominal 1
+        assert len(effects.read_text().splitlines()) == 1
+    finally:
+        if agent is not None:
+            agent.stop()
+        sc.kill()
+
+
+def test_call_without_recording_is_a_sandbox_miss_excluded_and_counted(tmp_path):
+    """A candidate that calls a tool production never called gets the sandbox error; the replay is
+    marked sandbox_miss, attributed ENVIRONMENT, kept out of R_* and counted."""
+    port = free_port()
+    sc = start_sidecar(tmp_path, extra_env=_ports_env({"1.1": port}, RELYSCOPE_SHADOW_K="2",
+                                                       RELYSCOPE_SHADOW_FAMILIES='["nominal"]'))
+    effects = tmp_path / "effects.log"
+    agent = None
+    try:
+        run_production(sc, effects, tasks=1, runs=1)
+        prod = sc.trials(run_kind="production")
+        agent = Agent(sc, effects, "1.1", port, "--extra-tool")
+        ids = replay_and_wait(sc, [prod[0]["trial_id"]])
+        rows = [sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids]
+        assert {r["status"] for r in rows} == {"sandbox_miss"} and all(r["n_miss"] == 1 for r in rows)
+        shadow = sc.trials(run_kind="shadow")
+        assert len(shadow) == 2
+        for t in shadow:
+            miss = [s for s in t["steps"] if s["error"] == "sandbox_miss"]
+            assert [s["tool_name"] for s in miss] == ["get_customer"]
+        g = next(g for g in sc.report()["groups"] if g["run_kind"] == "shadow")
+        assert g["invalid_trials"] == 2 and g["metrics"]["success_rate"]["value"] is None
+        assert g["sandbox_miss_trials"] == 2
+        m = sc.get("/metrics").text
+        assert 'relyscope_shadow_proxy_calls_total{match="sandbox_miss"} 2.0' in m
+        assert len(effects.read_text().splitlines()) == 1
+    finally:
+        if agent is not None:
+            agent.stop()
+        sc.kill()
+
+
+_SILENT = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
+print("listening", flush=True)
+conns = []
+t0 = time.monotonic()
+while time.monotonic() - t0 < 120:   # bounded: accepts and never answers
+    c, _ = s.accept(); conns.append(c)
+"""
+
+
+def test_bad_targets_get_clear_statuses_and_touch_no_production_data(tmp_path):
+    """A target that is down, one that answers garbage (a plain HTTP file server) and one that
+    never answers: each replay ends error / error / timeout with the reason; production is intact."""
+    down, garbage, silent = free_port(), free_port(), free_port()
+    sc = start_sidecar(tmp_path, extra_env=_ports_env(
+        {"3.0": down, "4.0": garbage, "5.0": silent}, RELYSCOPE_SHADOW_K="1",
+        RELYSCOPE_SHADOW_FAMILIES='["nominal"]', RELYSCOPE_SHADOW_REPLAY_TIMEOUT_S="2",
+        RELYSCOPE_SHADOW_CONCURRENCY="3"))
+    effects = tmp_path / "effects.log"
+    procs = []
+    try:
+        run_production(sc, effects, tasks=1, runs=1)
+        prod_before = sc.trials(run_kind="production")
+        procs.append(subprocess.Popen([sys.executable, "-m", "http.server", str(garbage), "--bind", "127.0.0.1",
+                                       "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([sys.executable, "-c", _SILENT, str(silent)], stdout=subprocess.PIPE, text=True))
+        procs[-1].stdout.readline()
+        for _ in range(100):  # the file server is up
+            try:
+                httpx.get(f"http://127.0.0.1:{garbage}/", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        ids = replay_and_wait(sc, [prod_before[0]["trial_id"]], timeout_s=60)
+        rows = {r["target_version"]: r for r in (sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids)}
+        assert rows["3.0"]["status"] == "error" and "unreachable" in rows["3.0"]["error"]
+        assert rows["4.0"]["status"] == "error" and "not a replay reply" in rows["4.0"]["error"]
+        assert rows["5.0"]["status"] == "timeout" and "within 2 s" in rows["5.0"]["error"]
+        assert sc.trials(run_kind="production") == prod_before
+        assert sc.trials(run_kind="shadow") == []
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+        sc.kill()
+
+
+def test_replay_api_refuses_mistakes(nominal_env):
+    sc = nominal_env["sc"]
+    assert sc.post("/api/v1/shadow/replays", json={}).status_code == 422
+    r = sc.post("/api/v1/shadow/replays", json={"trial_ids": ["nope"]})
+    assert r.status_code == 422 and "unknown trial ids" in r.text
+    assert sc.post("/api/v1/shadow/replays", json={"last": "3"}).status_code == 422
+    assert sc.get("/api/v1/shadow/replays", params={"status": "weird"}).status_code == 422
+    assert sc.get("/api/v1/shadow/replays/doesnotexist").status_code == 404
+    # the proxy answers only running replays
+    r = sc.post("/shadow/v1/replays/doesnotexist/tool-calls", json={"name": "get_order"})
+    assert r.status_code == 404 and r.json()["outcome"] == "sandbox_miss"
+    assert sc.post("/shadow/v1/replays/x/tool-calls", content=b"not json").status_code == 400
+
+
+def test_automatic_sampling_records_every_decision(tmp_path):
+    """rate 1, cap 1 per hour, no quiet period: of two finished production trials one is sampled
+    and replayed without anyone asking, the other is over the cap; both decisions are queryable
+    and counted."""
+    port = free_port()
+    sc = start_sidecar(tmp_path, extra_env=_ports_env(
+        {"1.0": port}, RELYSCOPE_SHADOW_RATE="1", RELYSCOPE_SHADOW_CAP_PER_HOUR="1", RELYSCOPE_SHADOW_QUIET_S="0",
+        RELYSCOPE_SHADOW_K="1", RELYSCOPE_SHADOW_FAMILIES='["nominal"]'))
+    effects = tmp_path / "effects.log"
+    agent = None
+    try:
+        agent = Agent(sc, effects, "1.0", port)
+        run_production(sc, effects, tasks=2, runs=1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sc.flush()
+            if sc.trials(run_kind="shadow"):
+                break
+            time.sleep(0.5)
+        samples = sc.get("/api/v1/shadow/samples").json()["samples"]
+        assert sorted(s["decision"] for s in samples) == ["over_cap", "sampled"]
+        assert len(sc.trials(run_kind="shadow")) == 1
+        m = sc.get("/metrics").text
+        assert 'relyscope_shadow_decisions_total{decision="sampled"} 1.0' in m
+        assert 'relyscope_shadow_decisions_total{decision="over_cap"} 1.0' in m
+        # pause stops sampling; the state says so
+        assert sc.post("/api/v1/shadow/pause").json() == {"paused": True}
+        assert sc.get("/api/v1/shadow").json()["paused"] is True
+    finally:
+        if agent is not None:
+            agent.stop()
+        sc.kill()

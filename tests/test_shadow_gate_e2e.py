@@ -1,0 +1,119 @@
+"""Release gate end to end: 24 production tasks replayed against the incumbent (1.0), an equal
+candidate (1.1, same code) and a deliberately worse one (2.0: refunds half the order total);
+``relyscope gate`` is run as a process and judged by its exit code and reasons."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from relyscope.testing import RELYSCOPE_BIN, start_sidecar
+from tests.test_shadow_e2e import ROOT, Agent, _ports_env, free_port, replay_and_wait, run_production
+
+POLICY = """\
+agent: refund-agent
+side_effects:
+  issue_refund: irreversible
+rules:
+  - id: never-delete
+    type: forbidden_tool
+    severity: critical
+    tools: [delete_account]
+  - id: refund-cap
+    type: argument_constraint
+    severity: medium
+    tools: [issue_refund]
+    path: $.amount
+    op: "<="
+    value: 1000
+"""
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gate")
+    (tmp / "policy.yaml").write_text(POLICY)
+    ports = {"1.0": free_port(), "1.1": free_port(), "2.0": free_port()}
+    sc = start_sidecar(tmp / "sc", extra_env=_ports_env(
+        ports, RELYSCOPE_SHADOW_K="3", RELYSCOPE_SHADOW_FAMILIES='["nominal"]', RELYSCOPE_SHADOW_CONCURRENCY="4",
+        RELYSCOPE_POLICY_FILE=str(tmp / "policy.yaml")))
+    effects = tmp / "effects.log"
+    agents = []
+    try:
+        run_production(sc, effects, tasks=24, runs=1, version="1.0")
+        prod = sc.trials(run_kind="production")
+        agents = [Agent(sc, effects, "1.0", ports["1.0"]), Agent(sc, effects, "1.1", ports["1.1"]),
+                  Agent(sc, effects, "2.0", ports["2.0"], "--worse")]
+        replay_and_wait(sc, [t["trial_id"] for t in prod], timeout_s=240)
+        yield sc, tmp, effects
+    finally:
+        for a in agents:
+            a.stop()
+        sc.kill()
+
+
+def gate(sc, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(RELYSCOPE_BIN), "gate", "--api", sc.api, *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_equal_candidate_passes(gated):
+    sc, _, _ = gated
+    p = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--format", "json")
+    res = json.loads(p.stdout)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert res["verdict"] == "pass"
+    assert res["deltas"]["success_rate"]["delta"] == 0.0
+    assert res["shared_tasks"] == 24
+
+
+def test_worse_candidate_blocks_with_the_metric_named(gated):
+    sc, _, _ = gated
+    p = gate(sc, "--baseline", "1.0", "--candidate", "2.0", "--format", "json")
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    res = json.loads(p.stdout)
+    assert res["verdict"] == "block"
+    # every 2.0 replay refunds half: its side effects differ from the verified production refund
+    assert res["deltas"]["success_rate"]["baseline"] == 1.0 and res["deltas"]["success_rate"]["candidate"] == 0.0
+    assert any(r["name"] == "success_rate" and r["verdict"] == "block" for r in res["reasons"])
+    m = sc.get("/metrics").text
+    assert ('relyscope_gate_verdict{agent="",baseline="1.0",candidate="2.0",mode="shadow",verdict="block"} 1.0'
+            in m)
+
+
+def test_table_output_names_verdict(gated):
+    sc, _, _ = gated
+    p = gate(sc, "--baseline", "1.0", "--candidate", "2.0")
+    assert p.returncode == 1 and "BLOCK" in p.stdout and "success_rate" in p.stdout
+
+
+def test_unknown_version_is_an_error_naming_the_known_ones(gated):
+    sc, _, _ = gated
+    p = gate(sc, "--baseline", "1.0", "--candidate", "7.7")
+    assert p.returncode == 2
+    assert "7.7" in p.stderr and "1.1" in p.stderr
+
+
+def test_malformed_gate_policy_is_an_error_naming_the_field(gated):
+    sc, tmp, _ = gated
+    bad = tmp / "gate.yaml"
+    bad.write_text("min_tasks: lots\n")
+    p = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--policy", str(bad))
+    assert p.returncode == 2 and "min_tasks" in p.stderr
+
+
+def test_replays_wrote_no_side_effect(gated):
+    _, _, effects = gated
+    assert len(effects.read_text().splitlines()) == 24  # the production refunds only
+
+
+def test_harness_agreement_and_shadow_scores(gated):
+    sc, _, _ = gated
+    rep = {(g["version"], g["run_kind"]): g for g in sc.report()["groups"]}
+    assert rep[("1.0", "shadow")]["metrics"]["success_rate"]["value"] == 1.0
+    assert rep[("2.0", "shadow")]["metrics"]["success_rate"]["value"] == 0.0
+    assert rep[("1.1", "shadow")]["trials"] == 72
