@@ -471,7 +471,7 @@ class Pipeline:
         self._store_ok()
         stored, self._pending_trials = self._pending_trials, []
         self.stats.trials_finalized += len(stored)
-        self.scoring.mark_dirty((t.agent_name, t.agent_version, t.run_kind) for t in stored)
+        self.scoring.trials_stored(stored)
         return True
 
     def _commit_spool(self) -> None:

@@ -206,10 +206,12 @@ class Rollup:
                            ["name", "value", "updated_ns"])
 
     # ---- sync -----------------------------------------------------------------------------------
-    def sync(self) -> set[GroupKey]:
-        """Fold every change since the last sync into the rollups. Returns the groups whose
-        statistics changed. Raises StoreUnavailable (nothing is lost: the watermarks advance only
-        after the rollups are written)."""
+    def sync(self, trace_ids: Iterable[str] = ()) -> set[GroupKey]:
+        """Fold every change since the last sync into the rollups, and the trials of
+        ``trace_ids`` (known to have changed, e.g. told by the worker) whatever their versions.
+        Returns the groups whose statistics changed. Raises StoreUnavailable (nothing is lost:
+        the watermarks advance only after the rollups are written)."""
+        told = set(trace_ids)
         with self._lock:
             st = self._state()
             wt, wo, wj = st.get("trials_wm", 0), st.get("outcomes_wm", 0), st.get("judge_wm", 0)
@@ -218,7 +220,7 @@ class Rollup:
                      {"w": max(0, wt - OVERLAP_NS)})
             # rows of the overlap already folded by this process need no second pass
             fresh = [r for r in rows if self._seen.get(r[0]) != int(r[2])]
-            trace_ids = {r[1] for r in fresh}
+            trace_ids = {r[1] for r in fresh} | told
             new_wt = max([wt] + [int(r[2]) for r in rows])
             orows = q("SELECT key_kind, key, toUnixTimestamp64Nano(posted_at) FROM {db}.outcomes "
                       "WHERE posted_at > fromUnixTimestamp64Nano(%(w)s)", {"w": max(0, wo - OVERLAP_NS)})

@@ -58,6 +58,7 @@ class ScoreStage:
         self._on_store_error = store_error or (lambda e: None)
         self.scores: dict[GroupKey, GroupScore] = {}
         self._dirty_groups: set[GroupKey] = set()
+        self._pending_traces: set[str] = set()  # stored by the worker, not yet folded in
         self._score_lock = threading.Lock()
         self._rescore_lock = threading.Lock()
         self._extras: dict[GroupKey, dict] = {}
@@ -86,6 +87,15 @@ class ScoreStage:
         """Queue groups (iterable of :data:`GroupKey`) for the next rescore. Any thread."""
         with self._score_lock:
             self._dirty_groups.update(groups)
+
+    def trials_stored(self, trials) -> None:
+        """The worker stored (or replaced) these trials: fold their traces in at the next cycle
+        (besides the store's watermark, which a wall clock stepping back could mislead). Any
+        thread."""
+        trials = list(trials)
+        with self._score_lock:
+            self._dirty_groups.update((t.agent_name, t.agent_version, t.run_kind) for t in trials)
+            self._pending_traces.update(t.trace_id for t in trials)
 
     def run(self) -> None:
         """The scorer thread's body: rescore every ``score_interval_s`` until ``stop`` is set."""
@@ -192,7 +202,14 @@ class ScoreStage:
 
     def _sync(self) -> None:
         ru = self.rollup()
-        self._changed |= ru.sync()
+        with self._score_lock:
+            pending, self._pending_traces = self._pending_traces, set()
+        try:
+            self._changed |= ru.sync(pending)
+        except BaseException:
+            with self._score_lock:
+                self._pending_traces |= pending
+            raise
         for t in ru.undecided:
             self._undecided[t.trial_id] = t
             self._undecided.move_to_end(t.trial_id)
