@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     drift_reference: str = Field("24h", description="… against the reference window just before it")
     drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged when the "
                                    "bootstrap CI of Δ excludes 0 and |Δ| exceeds this")
+    max_label_sets: int = Field(50, ge=1, description="distinct (agent, version) label sets scored and exported "
+                                "per sidecar; beyond it, groups fold into agent=version='other' (counted, warned)")
     traj_sample: int = Field(50, ge=2, description="C_traj_d / C_traj_s of a task in a window use its most "
                              "recent N successful runs (bounds the cost of trajectory metrics)")
     incremental_scoring: bool = Field(True, description="score from the per-task rollups in ClickHouse "

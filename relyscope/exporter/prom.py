@@ -13,6 +13,8 @@ Reliability gauges are built at scrape time from the latest group scores:
 - ``relyscope_drift_delta{agent,version,run_kind,metric,k}`` (current − reference window, metrics.md
   §10), ``relyscope_drift_ci_low`` / ``_ci_high`` (its 95 % bootstrap CI) and ``relyscope_drift_flag``
   (1 = CI excludes 0 and |Δ| > ``RELYSCOPE_DRIFT_THRESHOLD``); live groups only.
+- ``relyscope_label_sets_folded{run_kind}``: (agent, version) label sets beyond
+  ``RELYSCOPE_MAX_LABEL_SETS`` (default 50), scored together under ``agent="other",version="other"``.
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
@@ -57,6 +59,12 @@ class _ReliabilityCollector(Collector):
             self._group(window, scores, val, lo, hi, nt, tr)
         yield from (val, lo, hi, nt, tr)
         yield from self._drift(getattr(scoring, "drift", None) or {})
+        folded = GaugeMetricFamily("relyscope_label_sets_folded", "(agent, version) label sets beyond "
+                                   "RELYSCOPE_MAX_LABEL_SETS scored together as agent=version='other'",
+                                   labels=["run_kind"])
+        for run_kind, n in sorted((getattr(scoring, "folded", None) or {}).items()):
+            folded.add_metric([run_kind], n)
+        yield folded
         yield from self._self_metrics(p)
 
     @staticmethod

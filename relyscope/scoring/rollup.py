@@ -367,20 +367,33 @@ class Rollup:
         return self.sync()
 
     # ---- reads ----------------------------------------------------------------------------------
+    def group_sizes(self) -> dict[GroupKey, int]:
+        """Every group with an all-time rollup → its trial count."""
+        return {(r[0], r[1], r[2]): int(r[3]) for r in self.store.query(
+            "SELECT agent, version, run_kind, sum(n_all) FROM {db}.task_stats WHERE level = 3 "
+            "GROUP BY agent, version, run_kind HAVING sum(n_all) != 0")}
+
     def groups(self) -> list[GroupKey]:
         """Every group with an all-time rollup."""
         return [tuple(r) for r in self.store.query(
             "SELECT DISTINCT agent, version, run_kind FROM {db}.task_stats WHERE level = 3 ORDER BY 1, 2, 3")]
 
     def window_stats(self, group: GroupKey, since_s: int, window_s: float | None, *,
-                     until_s: int | None = None, level: int | None = None) -> TaskStats:
+                     until_s: int | None = None, level: int | None = None,
+                     members: list[tuple[str, str]] | None = None) -> TaskStats:
         """Per-task statistics of ``group`` over the buckets from ``since_s`` (Unix seconds; see
         :func:`window_start`) — and before ``until_s`` if given — at the level of ``window_s``
         (None: all time) unless ``level`` is given, with the trajectory sample (the most recent
-        ``traj_sample`` successful runs per task that ended in the window)."""
+        ``traj_sample`` successful runs per task that ended in the window). ``members``: pool
+        these (agent, version) pairs of run kind ``group[2]`` instead (sums are additive; a task id
+        shared by several of them is one task) — the cardinality cap's ``other`` group."""
         level = level if level is not None else level_for(window_s)[0]
         p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s or 2**31}
-        where = ("agent = %(a)s AND version = %(v)s AND run_kind = %(k)s AND level = %(l)s "
+        who = "agent = %(a)s AND version = %(v)s"
+        if members is not None:
+            who = "concat(agent, '\\0', version) IN %(av)s"
+            p["av"] = sorted(f"{a}\0{v}" for a, v in members) or [""]
+        where = (f"{who} AND run_kind = %(k)s AND level = %(l)s "
                  "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
         rows = self.store.query(
             f"SELECT task_id, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
@@ -397,7 +410,7 @@ class Rollup:
         p["m"] = self.traj_sample
         p["hs"] = since_s // 3600 * 3600
         for r in self.store.query(
-                "SELECT task_id, actions FROM {db}.traj_sample FINAL WHERE agent = %(a)s AND version = %(v)s "
+                f"SELECT task_id, actions FROM {{db}}.traj_sample FINAL WHERE {who} "
                 "AND run_kind = %(k)s AND hour >= toDateTime(%(hs)s, 'UTC') AND end_time >= toDateTime64(%(s)s, 9, 'UTC') "
                 "AND end_time < toDateTime64(%(u)s, 9, 'UTC') "
                 "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import re
 import threading
 import time
 from typing import Callable
@@ -37,6 +38,18 @@ __all__ = ["ScoreStage", "GroupKey", "score_rows", "grade_rows_of"]
 log = logging.getLogger("relyscope.scoring")
 
 GroupKey = tuple[str, str, str]  # (agent, version, run_kind)
+
+_REPR = re.compile(r" at 0x[0-9a-fA-F]{6,}>?$")
+
+
+def _looks_like_repr(name: str) -> bool:
+    """``<agents.Agent object at 0x7f3a…>``: a default repr, not a name."""
+    return bool(_REPR.search(name))
+
+
+def _OTHER(run_kind: str) -> GroupKey:
+    return ("other", "other", run_kind)
+
 
 _REVIEW_EVERY_S = 60.0  # report sections of a changing group are recomputed at most this often
 
@@ -78,6 +91,9 @@ class ScoreStage:
         self._changed: set[GroupKey] = set()  # changed in the rollup, not yet rescored
         self._undecided: collections.OrderedDict[str, Trial] = collections.OrderedDict()
         self._reviewed_at: dict[GroupKey, float] = {}
+        self._admitted: set[tuple[str, str]] = set()  # (agent, version) label sets scored as such
+        #: run kind → (agent, version) label sets folded into 'other' by the cardinality cap
+        self.folded: dict[str, int] = {}
         #: group → metric → Drift of the current vs the reference window (live groups only)
         self.drift: dict[GroupKey, dict] = {}
         self._drift_cur = parse_windows(settings.drift_current)[0][1]
@@ -232,8 +248,10 @@ class ScoreStage:
             for t in pending[: self.settings.judge_max_per_cycle]:
                 self._undecided.pop(t.trial_id, None)
         ru = self.rollup()
-        groups = set(ru.groups()) if all_groups or not self.window_scores else \
-            set(self.window_scores.get(self.primary_window, {})) | self._changed
+        plan = self._plan(ru)  # published group → pooled (agent, version) members, or None
+        changed_pub = {self._published_as(g) for g in self._changed}
+        groups = set(plan) if all_groups or not self.window_scores else \
+            (set(self.window_scores.get(self.primary_window, {})) | changed_pub) & set(plan)
         now = time.time()
         out = {name: dict(self.window_scores.get(name, {})) for name, _ in self.windows}
         drift = dict(self.drift)
@@ -241,14 +259,15 @@ class ScoreStage:
         for g in sorted(groups):
             # all_groups (start, flush, a posted outcome) need not redo unchanged windows: the
             # sync above found every change; only groups never published are new here
-            changed = g in self._changed or g not in out.get(self.primary_window, {})
+            changed = g in changed_pub or g not in out.get(self.primary_window, {})
+            members = plan[g]
             measured = policy_for(self.policy, g[0]) is not None
             wins = [("all", None)] if g[2] == "offline" else self.windows
             for name, length in wins:
                 since = window_start(now, length)
                 if not changed and self._scored_since.get((g, name)) == since:
                     continue
-                st = ru.window_stats(g, since, length)
+                st = ru.window_stats(g, since, length, members=members)
                 gs = score_stats(st, safety_measured=measured,
                                  n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k)
                 self._scored_since[(g, name)] = since
@@ -260,13 +279,24 @@ class ScoreStage:
                     # writes the same row (the scores table is a ReplacingMergeTree on it)
                     rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, self.settings.n_boot, name)
             if g[2] != "offline" and (changed or self._scored_since.get((g, "drift")) != window_start(now, 60)):
-                drift[g] = self._drift(ru, g, now, measured)
+                drift[g] = self._drift(ru, g, now, measured, members)
                 self._scored_since[(g, "drift")] = window_start(now, 60)
             due = all_groups or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S or g not in self._extras
-            if changed and due:
+            if changed and due and members is None:
                 self._extras[g] = self._review(g, now)
                 self._reviewed_at[g] = now
-        self._changed -= groups
+            elif members is not None:
+                self._extras[g] = {"warnings": [
+                    f"{len(members)} (agent, version) label sets beyond RELYSCOPE_MAX_LABEL_SETS="
+                    f"{self.settings.max_label_sets} are scored together as agent=version='other'"
+                    + (f"; {sum(_looks_like_repr(a) for a, _ in members)} of their agent names look like an "
+                       "object's repr with a memory address (an instrumentation bug: pass the agent's name)"
+                       if any(_looks_like_repr(a) for a, _ in members) else "")],
+                    "folded_label_sets": len(members)}
+        for name in out:  # groups folded since they were published
+            for g in [g for g in out[name] if g not in plan]:
+                del out[name][g]
+        self._changed -= {g for g in self._changed if self._published_as(g) in groups}
         self.window_scores = out
         self.drift = drift
         self.scores = out.get(self.primary_window, {})  # one reference swap per dict
@@ -276,13 +306,37 @@ class ScoreStage:
             self._on_store_error(e)
         return dict(self.scores)
 
-    def _drift(self, ru: Rollup, g: GroupKey, now: float, measured: bool) -> dict:
+    def _plan(self, ru: Rollup) -> dict[GroupKey, list[tuple[str, str]] | None]:
+        """Which groups are scored under their own labels and which fold into ``other``: the
+        first ``max_label_sets`` (agent, version) pairs to appear (largest first at start) keep
+        their labels for the life of the process; later ones are pooled per run kind."""
+        sizes = ru.group_sizes()
+        cap = self.settings.max_label_sets
+        for g, _ in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
+            if len(self._admitted) >= cap:
+                break
+            self._admitted.add((g[0], g[1]))
+        plan: dict[GroupKey, list[tuple[str, str]] | None] = {}
+        self.folded = {}
+        for g in sizes:
+            if (g[0], g[1]) in self._admitted:
+                plan[g] = None
+            else:
+                plan.setdefault(_OTHER(g[2]), []).append((g[0], g[1]))
+                self.folded[g[2]] = self.folded.get(g[2], 0) + 1
+        return plan
+
+    def _published_as(self, g: GroupKey) -> GroupKey:
+        return g if (g[0], g[1]) in self._admitted else _OTHER(g[2])
+
+    def _drift(self, ru: Rollup, g: GroupKey, now: float, measured: bool, members=None) -> dict:
         """metrics.md §10: the current window (``drift_current``, default the last 1 h) against
         the reference window just before it (``drift_reference``, default 24 h), both at minute
         buckets so they meet at one boundary. See :func:`relyscope.scoring.drift.drift`."""
         split = int((now - self._drift_cur) // 60 * 60)
-        cur = ru.window_stats(g, split, self._drift_cur, level=1)
-        ref = ru.window_stats(g, split - int(self._drift_ref), self._drift_ref, until_s=split, level=1)
+        cur = ru.window_stats(g, split, self._drift_cur, level=1, members=members)
+        ref = ru.window_stats(g, split - int(self._drift_ref), self._drift_ref, until_s=split, level=1,
+                              members=members)
         return drift_of(cur, ref, safety_measured=measured, threshold=self.settings.drift_threshold,
                         n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k)
 
