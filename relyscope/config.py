@@ -58,6 +58,10 @@ class Settings(BaseSettings):
                                    "bootstrap CI of Δ excludes 0 and |Δ| exceeds this")
     max_label_sets: int = Field(50, ge=1, description="distinct (agent, version) label sets scored and exported "
                                 "per sidecar; beyond it, groups fold into agent=version='other' (counted, warned)")
+    rollup_minute_ttl_days: float = Field(2.0, gt=0, description="retention of the minute rollups (>= 25 h: "
+                                          "windows up to 6 h and drift read them)")
+    rollup_hour_ttl_days: float = Field(400.0, gt=0, description="retention of the hour rollups (the 24h/7d windows)")
+    traj_sample_ttl_days: float = Field(30.0, gt=0, description="retention of the trajectory sample rows")
     traj_sample: int = Field(50, ge=2, description="C_traj_d / C_traj_s of a task in a window use its most "
                              "recent N successful runs (bounds the cost of trajectory metrics)")
     incremental_scoring: bool = Field(True, description="score from the per-task rollups in ClickHouse "

@@ -134,3 +134,22 @@ def test_trajectory_sample_is_most_recent_m(store):
     # Levenshtein 1 over max length 5 → C_traj_s = 0.8
     assert inc.metrics["C_traj_d"].value == pytest.approx(1.0)
     assert inc.metrics["C_traj_s"].value == pytest.approx(0.8)
+
+
+def test_retention_drops_old_minute_buckets_and_keeps_all_time(store):
+    """Minute buckets expire after RELYSCOPE_ROLLUP_MINUTE_TTL_DAYS (here 2 days); the all-time
+    level keeps every trial; a TTL shorter than the minute-level windows is refused."""
+    old = [dataclasses.replace(t, end_ns=int((NOW - 5 * 86400) * 1e9), start_ns=int((NOW - 5 * 86400 - 1) * 1e9))
+           for t in traffic(9, 30)]
+    new = traffic(10, 20, start=500)
+    store.insert_trials(old + new)
+    rollup = Rollup(store, None, minute_ttl_days=2)
+    rollup.sync()
+    q = "SELECT level, sum(n_all) FROM {db}.task_stats GROUP BY level ORDER BY level"
+    store.query("OPTIMIZE TABLE {db}.task_stats FINAL")
+    levels = dict(store.query(q))
+    recent_minute = sum(1 for t in new if t.end_ns >= (NOW - 2 * 86400) * 1e9)
+    assert levels[1] == recent_minute and levels[3] == 50
+    assert levels[2] == 50  # hour buckets are kept 400 days
+    with pytest.raises(ValueError):
+        Rollup(store, None, minute_ttl_days=0.5)

@@ -136,6 +136,26 @@ ROLLUP_SCHEMA: Final = [
 ROLLUP_TABLES: Final = ("task_stats", "conf_stats", "traj_sample", "contrib", "scoring_state")
 
 
+#: the longest span read at minute buckets: windows up to 6 h, and drift's 1 h + 24 h
+_MINUTE_LEVEL_MAX_S: Final = 25 * 3600
+
+
+def retention_ddl(minute_ttl_days: float = 2, hour_ttl_days: float = 400, traj_ttl_days: float = 30) -> list[str]:
+    """``ALTER TABLE … MODIFY TTL`` statements of the rollup tables: minute buckets (level 1)
+    deleted ``minute_ttl_days`` after their bucket, hour buckets (level 2) after
+    ``hour_ttl_days``; the all-time level and ``contrib`` (needed to retract a trial whenever it
+    changes) never expire; ``traj_sample`` rows after ``traj_ttl_days`` (all-time C_traj then uses
+    the most recent M runs still kept). Rollups outlive the spans and trials they came from when
+    those tables get shorter TTLs."""
+    m, h, t = (int(round(x * 86400)) for x in (minute_ttl_days, hour_ttl_days, traj_ttl_days))
+    out = []
+    for table in ("task_stats", "conf_stats"):
+        out.append(f"ALTER TABLE {{db}}.{table} MODIFY TTL bucket + toIntervalSecond({m}) WHERE level = 1, "
+                   f"bucket + toIntervalSecond({h}) WHERE level = 2")
+    out.append(f"ALTER TABLE {{db}}.traj_sample MODIFY TTL hour + toIntervalSecond({t})")
+    return out
+
+
 def level_for(window_s: float | None) -> tuple[int, int]:
     """(level, bucket seconds) a window of ``window_s`` seconds is read at: the finest with at
     most 360 buckets; ``None`` (all time) → level 3."""
@@ -175,11 +195,19 @@ class Rollup:
     safety not measured). ``judge``: whether LLM-judge verdicts count (a judge is configured).
     ``traj_sample``: M, the most recent successful runs per task used for C_traj (default 50).
     ``write_grades``: also store each changed trial's grade in the ``grades`` table.
+    Retention (:func:`retention_ddl`, applied at every start so a changed setting takes effect):
+    minute buckets are kept ``minute_ttl_days``, hour buckets ``hour_ttl_days``, the all-time
+    bucket and the current contributions for ever, trajectory-sample rows ``traj_ttl_days``.
+    Raises ValueError when the minute buckets would expire before the windows that read them.
     Thread-safety: ``sync`` is serialized; reads may run beside it.
     """
 
     def __init__(self, store: Store, policy: Policy | None = None, *, judge: bool = False,
-                 traj_sample: int = 50, write_grades: bool = True):
+                 traj_sample: int = 50, write_grades: bool = True, minute_ttl_days: float = 2,
+                 hour_ttl_days: float = 400, traj_ttl_days: float = 30):
+        if minute_ttl_days * 86400 < _MINUTE_LEVEL_MAX_S or hour_ttl_days <= 0 or traj_ttl_days <= 0:
+            raise ValueError(f"minute rollups must be kept at least {_MINUTE_LEVEL_MAX_S / 86400:.2f} days "
+                             "(the longest window read at minute buckets) and the others > 0 days")
         if traj_sample < 2:
             raise ValueError("traj_sample must be >= 2 (C_traj needs two runs of a task)")
         self.store = store
@@ -193,6 +221,8 @@ class Rollup:
         #: caller empties it
         self.undecided: list[Trial] = []
         for ddl in ROLLUP_SCHEMA:
+            _command(store, ddl)
+        for ddl in retention_ddl(minute_ttl_days, hour_ttl_days, traj_ttl_days):
             _command(store, ddl)
 
     # ---- watermarks -----------------------------------------------------------------------------

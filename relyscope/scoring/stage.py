@@ -212,8 +212,10 @@ class ScoreStage:
     def rollup(self) -> Rollup:
         """The store's rollups (created on first use: the store may be down at start)."""
         if self._rollup is None:
-            self._rollup = Rollup(self.store, self.policy, judge=bool(self.settings.judge_url),
-                                  traj_sample=self.settings.traj_sample)
+            s = self.settings
+            self._rollup = Rollup(self.store, self.policy, judge=bool(s.judge_url), traj_sample=s.traj_sample,
+                                  minute_ttl_days=s.rollup_minute_ttl_days, hour_ttl_days=s.rollup_hour_ttl_days,
+                                  traj_ttl_days=s.traj_sample_ttl_days)
         return self._rollup
 
     def _sync(self) -> None:
