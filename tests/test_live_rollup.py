@@ -6,6 +6,7 @@ re-keyed with a tombstone, and a restart of the scorer (a new Rollup on the same
 from __future__ import annotations
 
 import dataclasses
+import re
 import random
 import time
 import uuid
@@ -153,3 +154,23 @@ def test_retention_drops_old_minute_buckets_and_keeps_all_time(store):
     assert levels[2] == 50  # hour buckets are kept 400 days
     with pytest.raises(ValueError):
         Rollup(store, None, minute_ttl_days=0.5)
+
+
+def test_cluster_ddl_variant_parses_and_is_replicated(store):
+    """The cluster variant (not run against a cluster: chDB has none) parses in ClickHouse's own
+    parser (formatQuery), runs every statement ON CLUSTER, keeps no non-replicated MergeTree, and
+    has a Distributed table per stored rollup table; inserts shard by trial id."""
+    from relyscope.scoring.rollup import ROLLUP_TABLES, cluster_schema
+
+    ddl = cluster_schema("relyscope_cluster")
+    for stmt in ddl:
+        sql = stmt.replace("{db}", "relyscope")
+        assert store.query("SELECT formatQuery(%(q)s)", {"q": sql})[0][0], sql
+        assert "ON CLUSTER 'relyscope_cluster'" in stmt
+        assert not re.search(r"ENGINE = (Summing|Replacing)?MergeTree", stmt), stmt
+    dist = {re.search(r"\{db\}\.(\w+)_dist ", s).group(1) for s in ddl if "ENGINE = Distributed" in s}
+    assert dist == (set(ROLLUP_TABLES) - {"scoring_state"}) | {"contrib_log"}
+    ins = next(s for s in ddl if "contrib_log_dist" in s)
+    assert ins.endswith("cityHash64(trial_id))")
+    state = next(s for s in ddl if "{db}.scoring_state ON CLUSTER" in s)
+    assert "/clickhouse/tables/all/" in state

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -153,6 +154,40 @@ def retention_ddl(minute_ttl_days: float = 2, hour_ttl_days: float = 400, traj_t
         out.append(f"ALTER TABLE {{db}}.{table} MODIFY TTL bucket + toIntervalSecond({m}) WHERE level = 1, "
                    f"bucket + toIntervalSecond({h}) WHERE level = 2")
     out.append(f"ALTER TABLE {{db}}.traj_sample MODIFY TTL hour + toIntervalSecond({t})")
+    return out
+
+
+#: rows of one trial must meet on one shard (contrib's FINAL, traj_sample's replacement)
+_SHARD_KEY: Final = "cityHash64(trial_id)"
+
+
+def cluster_schema(cluster: str, *, zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}") -> list[str]:
+    """The rollup DDL for a ClickHouse cluster (NOT run against a server here; chDB has no
+    clusters): every statement ``ON CLUSTER``; stored tables on ``Replicated*MergeTree`` (with
+    ``zk_path`` and ``{replica}`` macros); ``contrib_log`` stays ``Null`` on every node with its
+    views, and a ``contrib_log_dist`` Distributed table sharded by trial id takes the inserts so
+    both rows of a change (−old, +new) and a trial's ``contrib`` rows land on one shard; reads go
+    through ``<table>_dist`` Distributed tables (the per-task sums add up across shards).
+    :class:`Rollup` itself still reads and writes the local names."""
+    out = []
+    for ddl in ROLLUP_SCHEMA:
+        if ddl.lstrip().startswith("ALTER TABLE {db}.trials"):
+            continue  # the store's own table: its cluster variant belongs to the store schema
+        m = re.match(r"\s*CREATE (TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", ddl)
+        assert m, ddl
+        name = m.group(2)
+        ddl = ddl.replace(f"{{db}}.{name}", f"{{db}}.{name} ON CLUSTER '{cluster}'", 1)
+        # the watermarks are one per deployment, not per shard: one replicated copy on every node
+        path = zk_path.replace("{table}", name).replace("{shard}", "all" if name == "scoring_state" else "{shard}")
+        ddl = re.sub(r"ENGINE = (Summing|Replacing)MergeTree(\(([^)]*)\))?",
+                     lambda e: f"ENGINE = Replicated{e.group(1)}MergeTree('{path}', '{{replica}}'"
+                               + (f", {e.group(3)}" if e.group(3) else "") + ")", ddl)
+        out.append(ddl)
+        if (name in ROLLUP_TABLES and name != "scoring_state") or name == "contrib_log":
+            out.append(f"CREATE TABLE IF NOT EXISTS {{db}}.{name}_dist ON CLUSTER '{cluster}' AS {{db}}.{name} "
+                       f"ENGINE = Distributed('{cluster}', currentDatabase(), {name}, {_SHARD_KEY if name in ('contrib_log', 'contrib', 'traj_sample') else 'rand()'})")
+    for ddl in retention_ddl():
+        out.append(ddl.replace(" MODIFY TTL", f" ON CLUSTER '{cluster}' MODIFY TTL", 1))
     return out
 
 
