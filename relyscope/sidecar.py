@@ -30,6 +30,10 @@ def _bind(addr: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit TCP_NODELAY (Linux): uvicorn writes a response's head and body
+    # separately, and Nagle + the client's delayed ACK held every second write ~40 ms (each OTLP/HTTP
+    # export and tool-proxy call took 44 ms on loopback; 0.2 ms with this; bench/README.md)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as e:

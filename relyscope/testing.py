@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["SidecarProc", "start_sidecar", "RELYSCOPE_BIN"]
+__all__ = ["SidecarProc", "start_sidecar", "wait_for_replays", "RELYSCOPE_BIN"]
 
 RELYSCOPE_BIN = Path(sys.executable).parent / "relyscope"
 
@@ -94,6 +94,20 @@ class SidecarProc:
         if self.proc.stdout and not self.proc.stdout.closed:
             self.proc.stdout.close()
         return self.proc.returncode
+
+
+def wait_for_replays(sidecar: SidecarProc, replay_ids: list[str], timeout_s: float = 120,
+                     poll_s: float = 0.2) -> dict[str, int]:
+    """Poll ``POST /api/v1/shadow/status`` until none of ``replay_ids`` is scheduled or running;
+    return the counts by status. Raises TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    st: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        st = sidecar.post("/api/v1/shadow/status", json={"replay_ids": replay_ids}).json()["by_status"]
+        if not st.get("scheduled") and not st.get("running"):
+            return st
+        time.sleep(poll_s)
+    raise TimeoutError(f"replays did not finish in {timeout_s} s: {st}")
 
 
 def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[str] | None = None,

@@ -4,6 +4,7 @@ cause."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relyscope.testing import start_sidecar
+from relyscope.testing import start_sidecar, wait_for_replays
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,14 +66,7 @@ def replay_and_wait(sidecar, trial_ids: list[str], timeout_s: float = 120) -> li
     r = sidecar.post("/api/v1/shadow/replays", json={"trial_ids": trial_ids})
     assert r.status_code == 200, r.text
     ids = r.json()["replay_ids"]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = sidecar.post("/api/v1/shadow/status", json={"replay_ids": ids}).json()["by_status"]
-        if not st.get("scheduled") and not st.get("running"):
-            break
-        time.sleep(0.3)
-    else:
-        raise AssertionError(f"replays did not finish: {st}")
+    wait_for_replays(sidecar, ids, timeout_s)
     sidecar.flush()
     return ids
 
@@ -84,6 +78,31 @@ def _ports_env(targets: dict[str, int], **extra) -> dict:
            "RELYSCOPE_SHADOW_FAULT_TIMEOUT_S": "0.05"}
     env.update(extra)
     return env
+
+
+class World:
+    """A sidecar told about one replay target port per version, the effects file, the agents."""
+
+    def __init__(self, sc, effects: Path, ports: dict[str, int]):
+        self.sc, self.effects, self.ports, self.agents = sc, effects, ports, []
+
+    def agent(self, version: str, *flags: str) -> Agent:
+        a = Agent(self.sc, self.effects, version, self.ports[version], *flags)
+        self.agents.append(a)
+        return a
+
+
+@contextlib.contextmanager
+def world(tmp_path: Path, versions: tuple[str, ...] = ("1.0",), **env):
+    """Start the sidecar (shadow settings ``env``); stop every agent and the sidecar at the end."""
+    ports = {v: free_port() for v in versions}
+    w = World(start_sidecar(tmp_path, extra_env=_ports_env(ports, **env)), tmp_path / "effects.log", ports)
+    try:
+        yield w
+    finally:
+        for a in w.agents:
+            a.stop()
+        w.sc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -147,17 +166,16 @@ def test_shadow_group_scored_with_consistency(nominal_env):
 def test_fault_at_p1_for_one_tool_is_exactly_what_the_agent_sees(tmp_path):
     """p_fault = 1, only http_500, only get_order: every get_order of a fault replay errors with
     http_500 (the agent retries twice, then gives up), nothing else is faulted, no refund happens."""
-    port = free_port()
-    sc = start_sidecar(tmp_path, extra_env=_ports_env(
-        {"1.0": port}, RELYSCOPE_SHADOW_K="2", RELYSCOPE_SHADOW_FAMILIES='["nominal", "fault"]',
-        RELYSCOPE_SHADOW_P_FAULT="1", RELYSCOPE_SHADOW_FAULT_MIX='{"http_500": 1.0}',
-        RELYSCOPE_SHADOW_FAULT_TOOLS='["get_order"]'))
-    effects = tmp_path / "effects.log"
-    agent = None
-    try:
+    with world(tmp_path, ("1.0",),
+            RELYSCOPE_SHADOW_K="2",
+            RELYSCOPE_SHADOW_FAMILIES='["nominal", "fault"]',
+            RELYSCOPE_SHADOW_P_FAULT="1",
+            RELYSCOPE_SHADOW_FAULT_MIX='{"http_500": 1.0}',
+            RELYSCOPE_SHADOW_FAULT_TOOLS='["get_order"]') as w:
+        sc, effects = w.sc, w.effects
         run_production(sc, effects, tasks=1, runs=1)
         prod = sc.trials(run_kind="production")
-        agent = Agent(sc, effects, "1.0", port)
+        w.agent("1.0")
         replay_and_wait(sc, [prod[0]["trial_id"]])
         shadow = sc.trials(run_kind="shadow")
         faulted = [t for t in shadow if t["perturbation_family"] == "fault"]
@@ -173,25 +191,19 @@ def test_fault_at_p1_for_one_tool_is_exactly_what_the_agent_sees(tmp_path):
             assert t["outcome"] == "success"
         rep = next(g for g in sc.report()["groups"] if g["run_kind"] == "shadow")
         assert rep["metrics"]["R_fault"]["value"] == 0.0  # Acc_fault 0 / Acc_nominal 1
+        # 2 fault replays × 3 get_order calls, every one faulted (p = 1)
+        assert rep["fault_exposure"] == {"tool_calls": 6, "faulted": 6, "rate": 1.0}
         assert len(effects.read_text().splitlines()) == 1
-    finally:
-        if agent is not None:
-            agent.stop()
-        sc.kill()
 
 
 def test_call_without_recording_is_a_sandbox_miss_excluded_and_counted(tmp_path):
     """A candidate that calls a tool production never called gets the sandbox error; the replay is
     marked sandbox_miss, attributed ENVIRONMENT, kept out of R_* and counted."""
-    port = free_port()
-    sc = start_sidecar(tmp_path, extra_env=_ports_env({"1.1": port}, RELYSCOPE_SHADOW_K="2",
-                                                       RELYSCOPE_SHADOW_FAMILIES='["nominal"]'))
-    effects = tmp_path / "effects.log"
-    agent = None
-    try:
+    with world(tmp_path, ("1.1",), RELYSCOPE_SHADOW_K="2", RELYSCOPE_SHADOW_FAMILIES='["nominal"]') as w:
+        sc, effects = w.sc, w.effects
         run_production(sc, effects, tasks=1, runs=1)
         prod = sc.trials(run_kind="production")
-        agent = Agent(sc, effects, "1.1", port, "--extra-tool")
+        w.agent("1.1", "--extra-tool")
         ids = replay_and_wait(sc, [prod[0]["trial_id"]])
         rows = [sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids]
         assert {r["status"] for r in rows} == {"sandbox_miss"} and all(r["n_miss"] == 1 for r in rows)
@@ -206,10 +218,6 @@ def test_call_without_recording_is_a_sandbox_miss_excluded_and_counted(tmp_path)
         m = sc.get("/metrics").text
         assert 'relyscope_shadow_proxy_calls_total{match="sandbox_miss"} 2.0' in m
         assert len(effects.read_text().splitlines()) == 1
-    finally:
-        if agent is not None:
-            agent.stop()
-        sc.kill()
 
 
 _SILENT = """
@@ -279,14 +287,14 @@ def test_automatic_sampling_records_every_decision(tmp_path):
     """rate 1, cap 1 per hour, no quiet period: of two finished production trials one is sampled
     and replayed without anyone asking, the other is over the cap; both decisions are queryable
     and counted."""
-    port = free_port()
-    sc = start_sidecar(tmp_path, extra_env=_ports_env(
-        {"1.0": port}, RELYSCOPE_SHADOW_RATE="1", RELYSCOPE_SHADOW_CAP_PER_HOUR="1", RELYSCOPE_SHADOW_QUIET_S="0",
-        RELYSCOPE_SHADOW_K="1", RELYSCOPE_SHADOW_FAMILIES='["nominal"]'))
-    effects = tmp_path / "effects.log"
-    agent = None
-    try:
-        agent = Agent(sc, effects, "1.0", port)
+    with world(tmp_path, ("1.0",),
+            RELYSCOPE_SHADOW_RATE="1",
+            RELYSCOPE_SHADOW_CAP_PER_HOUR="1",
+            RELYSCOPE_SHADOW_QUIET_S="0",
+            RELYSCOPE_SHADOW_K="1",
+            RELYSCOPE_SHADOW_FAMILIES='["nominal"]') as w:
+        sc, effects = w.sc, w.effects
+        w.agent("1.0")
         run_production(sc, effects, tasks=2, runs=1)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -303,7 +311,32 @@ def test_automatic_sampling_records_every_decision(tmp_path):
         # pause stops sampling; the state says so
         assert sc.post("/api/v1/shadow/pause").json() == {"paused": True}
         assert sc.get("/api/v1/shadow").json()["paused"] is True
-    finally:
-        if agent is not None:
-            agent.stop()
-        sc.kill()
+
+
+def test_no_side_effect_escapes_in_any_family_or_run_kind(tmp_path):
+    """nominal, prompt, fault and env replays, run as canary: the refund tool (which appends to the
+    effects file) never runs; every replay's refund is recorded with its arguments instead."""
+    with world(tmp_path, ("1.0",),
+            RELYSCOPE_SHADOW_K="2",
+            RELYSCOPE_SHADOW_J="2",
+            RELYSCOPE_SHADOW_RUN_KIND="canary",
+            RELYSCOPE_SHADOW_P_FAULT="0.5") as w:
+        sc, effects = w.sc, w.effects
+        run_production(sc, effects, tasks=2, runs=1)
+        before = effects.read_text()
+        prod = sc.trials(run_kind="production")
+        w.agent("1.0")
+        ids = replay_and_wait(sc, [t["trial_id"] for t in prod])
+        assert len(ids) == 2 * (2 + 2 + 2 + 2)
+        assert effects.read_text() == before
+        rows = [sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids]
+        assert {r["family"] for r in rows} == {"nominal", "prompt", "fault", "env"}
+        assert {r["run_kind"] for r in rows} == {"canary"}
+        for r in rows:
+            for c in r["calls"]:
+                if c["name"] == "issue_refund":
+                    assert c["side_effecting"] and not c["executed"] and c["arguments"]["order_id"].startswith("ORD-")
+        prompts = {r["input"] for r in rows if r["family"] == "prompt"}
+        assert prompts and all("ORD-10" in p for p in prompts)  # rewritten, ids kept
+        canary = sc.trials(run_kind="canary")
+        assert len(canary) == len(ids) and {t["perturbation_family"] for t in canary} == {"nominal", "prompt", "fault", "env"}

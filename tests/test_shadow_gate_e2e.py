@@ -117,3 +117,52 @@ def test_harness_agreement_and_shadow_scores(gated):
     assert rep[("1.0", "shadow")]["metrics"]["success_rate"]["value"] == 1.0
     assert rep[("2.0", "shadow")]["metrics"]["success_rate"]["value"] == 0.0
     assert rep[("1.1", "shadow")]["trials"] == 72
+
+
+def test_shadow_dashboard_queries_name_metrics_of_a_live_scrape(gated):
+    """Every metric the shadow dashboard and alert rules query is in this sidecar's scrape, after
+    replays ran and gates were evaluated (the gate tests above)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sc, _, _ = gated
+    sc.get("/api/v1/gate", params={"baseline": "1.0", "candidate": "2.0"})
+    names = set()
+    for fam in text_string_to_metric_families(sc.get("/metrics").text):
+        names |= {s.name for s in fam.samples}
+    root = Path(__file__).resolve().parents[1]
+    d = json.loads((root / "grafana" / "dashboards" / "relyscope-shadow.json").read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((root / "deploy" / "alerts" / "relyscope-shadow-rules.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    for e in exprs:
+        for name in re.findall(r"\b(relyscope_[a-z_]+)", e):
+            assert name in names, (name, sorted(n for n in names if "shadow" in n or "gate" in n))
+
+
+def test_report_carries_the_latest_gates_and_fault_exposure(gated):
+    sc, _, _ = gated
+    sc.get("/api/v1/gate", params={"baseline": "1.0", "candidate": "2.0"})
+    rep = sc.report()
+    gates = {(g["baseline"], g["candidate"]): g["verdict"] for g in rep["gates"]}
+    assert gates[("1.0", "2.0")] == "block"
+    p = subprocess.run([str(RELYSCOPE_BIN), "report", "--api", sc.api], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "BLOCK" in p.stdout
+
+
+def test_canary_traffic_is_gated_against_production(gated):
+    """--mode canary: the worse version's canary production traffic (its own verifier says
+    failure) against the baseline's production runs of the same tasks."""
+    sc, tmp, _ = gated
+    subprocess.run([sys.executable, "-m", "tests.agents.refund_agent", "prod", "--otlp", sc.otlp_grpc,
+                    "--effects", str(tmp / "canary-effects.log"), "--version", "2.0-canary", "--tasks", "24",
+                    "--runs", "1", "--worse", "--run-kind", "canary"], cwd=ROOT, check=True, timeout=60)
+    sc.flush()
+    p = gate(sc, "--baseline", "1.0", "--candidate", "2.0-canary", "--mode", "canary", "--format", "json")
+    res = json.loads(p.stdout)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert res["verdict"] == "block" and res["shared_tasks"] == 24
+    assert res["deltas"]["success_rate"]["delta"] == -1.0

@@ -416,11 +416,6 @@ def demo(
         if gates:
             rep["gates"] = gates
         _print_report(rep, format)
-        if gates and getattr(format, "value", format) != "json":
-            from relyscope.cli.shadow import render_gate
-
-            for g in gates:
-                render_gate(g, console)
     finally:
         if target is not None:
             target.terminate()

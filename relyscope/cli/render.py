@@ -58,7 +58,18 @@ def render_report(rep: dict, console: Console) -> None:
             if not first:
                 t.add_section()
         console.print(t)
+        fe = g.get("fault_exposure")
+        if fe or g.get("sandbox_miss_trials"):
+            console.print(escape(
+                (f"fault exposure: {fe['faulted']} of {fe['tool_calls']} tool calls of fault replays "
+                 f"got an injected fault ({fe['rate']:.1%}); " if fe else "")
+                + f"sandbox misses: {g.get('sandbox_miss_trials', 0)} replays kept out of agent metrics"))
         _render_sections(console, g)
+    if rep.get("gates"):
+        from relyscope.cli.shadow import render_gate
+
+        for gate in rep["gates"]:
+            render_gate(gate, console)
 
 
 def _table(console: Console, title: str, rows: list[dict]) -> None:

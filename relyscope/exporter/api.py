@@ -116,7 +116,12 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         scores = {g: s for g, s in source.items()
                   if (agent is None or g[0] == agent) and (version is None or g[1] == version)
                   and (run_kind is None or g[2] == run_kind)}
-        return {**build_report(scores, pipeline.report_extras(scores)), "window": name}
+        rep = build_report(scores, pipeline.report_extras(scores))
+        from relyscope.exporter.shadow_api import gates_json
+
+        if pipeline.gate_results:  # the latest verdict of each comparison gated so far
+            rep["gates"] = gates_json(pipeline.gate_results, agent)
+        return {**rep, "window": name}
 
     @app.get("/api/v1/trials", dependencies=[Depends(auth)])
     async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,

@@ -57,6 +57,15 @@ class GateBody(_Strict):
     policy: dict[str, Any] | None = None
 
 
+def gates_json(results: dict, agent: str | None = None) -> list[dict]:
+    """The latest gate result of each (agent, baseline, candidate, mode), as JSON, for the report."""
+    out = []
+    for (a, base, cand, mode), res in sorted(results.items()):
+        if agent is None or a in ("", agent):
+            out.append({**res.to_json(), "agent": a or None, "baseline": base, "candidate": cand, "mode": mode})
+    return out
+
+
 def _stage(pipeline: "Pipeline"):
     st = getattr(pipeline, "shadow", None)
     if st is None:

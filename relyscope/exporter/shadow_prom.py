@@ -30,6 +30,14 @@ if TYPE_CHECKING:
 __all__ = ["ShadowCollector"]
 
 _VERDICTS = ("pass", "block", "inconclusive", "error")
+_KNOWN = {
+    "decisions": ("sampled", "sampled_out", "not_replayable", "over_cap", "manual"),
+    "replays": ("scheduled", "completed", "failed", "sandbox_miss", "error", "timeout", "cancelled"),
+    "proxy": ("exact", "position", "live", "sandbox_miss"),
+    "faults": ("timeout", "http_500", "rate_limit", "network_error", "partial_response", "invalid_response",
+               "empty_response"),
+    "side_effects_recorded": ("write", "irreversible"),
+}
 
 
 class ShadowCollector(Collector):
@@ -48,7 +56,9 @@ class ShadowCollector(Collector):
                  "Side-effecting tool calls of replays recorded and never executed"),
             ):
                 fam = CounterMetricFamily(name, help_, labels=[label])
-                for k, v in sorted(st.counts[key].items()):
+                # known label values start at 0, so rate() and alert rules see them from the start
+                counts = {**dict.fromkeys(_KNOWN.get(key, ()), 0), **st.counts[key]}
+                for k, v in sorted(counts.items()):
                     fam.add_metric([str(k)], v)
                 yield fam
             yield GaugeMetricFamily("relyscope_shadow_replays_running", "Shadow replays in flight", value=len(st.running))

@@ -122,10 +122,28 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         "claim_outcome_mismatches": sum(1 for g in grades.values() if g.claim_outcome_mismatch),
         "attribution": attribution,
         "sandbox_miss_trials": len(misses),
+        "fault_exposure": fault_exposure(trials),
         "control": control,
         "worst_tasks": worst,
     }
     return GroupReview(grades=grades, severities=severities, invalid=invalid, extras=extras)
+
+
+def fault_exposure(trials: Sequence[Trial]) -> dict | None:
+    """Effective fault exposure of a group's fault replays (metrics.md §4: relyscope reports it
+    because nothing hides faults behind simulated retries): tool calls of ``fault``-family trials,
+    how many got an injected fault, and the rate (None without fault replays)."""
+    calls = faulted = 0
+    for t in trials:
+        if t.perturbation_family != "fault":
+            continue
+        for s in t.steps:
+            if s.tool_name and (s.op.value == "tool"):
+                calls += 1
+                faulted += s.fault_type is not None
+    if not calls:
+        return None
+    return {"tool_calls": calls, "faulted": faulted, "rate": round(faulted / calls, 6)}
 
 
 def policy_for(policy: Policy | None, agent: str) -> Policy | None:

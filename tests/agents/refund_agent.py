@@ -64,8 +64,11 @@ def _retry(fn, *args):
     raise RuntimeError(f"tool kept failing: {last}")
 
 
+RUN_KIND = "production"
+
+
 def run_task(task_id: str, request: str, version: str) -> bool:
-    with agent_run("refund-agent", task_id=task_id, version=version, input=request):
+    with agent_run("refund-agent", task_id=task_id, version=version, input=request, run_kind=RUN_KIND):
         m = re.search(r"ORD-\d+", request)
         order = _retry(get_order, m.group(0))
         if EXTRA_TOOL:  # a newer version that also looks up the customer (no recording of that)
@@ -82,7 +85,7 @@ def run_task(task_id: str, request: str, version: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global EFFECTS, WORSE, EXTRA_TOOL
+    global EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["prod", "serve"])
     ap.add_argument("--otlp", required=True)
@@ -93,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--worse", action="store_true")
     ap.add_argument("--extra-tool", action="store_true")
+    ap.add_argument("--run-kind", default="production", help="production or canary (canary traffic)")
     a = ap.parse_args(argv)
-    EFFECTS, WORSE, EXTRA_TOOL = a.effects, a.worse, a.extra_tool
+    EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND = a.effects, a.worse, a.extra_tool, a.run_kind
     tp = configure(a.otlp, service_name="refund-service", set_global=True)
     if a.mode == "prod":
         for t in range(a.tasks):
