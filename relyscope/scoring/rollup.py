@@ -33,7 +33,6 @@ overlap), never to the history. Raises :class:`relyscope.store.StoreUnavailable`
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 import re
 import threading
@@ -210,10 +209,6 @@ def window_start(now_s: float, window_s: float | None) -> int:
     if not size:
         return 0
     return int((now_s - window_s) // size) * size
-
-
-def _ts(ns: int) -> _dt.datetime:
-    return _dt.datetime.fromtimestamp(ns // 10**9, _dt.timezone.utc).replace(microsecond=(ns % 10**9) // 1000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,7 +252,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
     if max_k is not None:
         K = min(K, max_k)
 
-    from relyscope.scorers.profile import _Columns, _nanmean_rows, _ratio
+    from relyscope.scorers.profile import _Columns
 
     cols = _Columns(n_tasks)
     results: dict[str, M.MetricResult] = {}
