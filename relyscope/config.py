@@ -41,6 +41,9 @@ class Settings(BaseSettings):
         None, ge=4096, description="spool segment size; space is freed per whole segment (default min(64 MiB, spool_max_bytes/8))")
     queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
+    max_inflight_bytes: int = Field(
+        256 << 20, ge=1 << 20, description="request bytes held at once by both OTLP receivers (bodies being read, "
+        "decompressed, validated); beyond it a request gets the retryable signal (HTTP 503 / gRPC RESOURCE_EXHAUSTED)")
     max_attributes: int = Field(128, ge=1, description="attributes kept per span (OTel SDK default)")
     max_attribute_length: int | None = Field(None, ge=1, description="longest string attribute kept; None = unlimited (OTel SDK default)")
     grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")
@@ -73,14 +76,31 @@ class Settings(BaseSettings):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     policy_file: str | None = Field(None, description="safety policy YAML (see README)")
-    redact_deny: list[str] = Field(default_factory=list, description="attribute keys dropped before storage")
-    redact_patterns: list[str] = Field(default_factory=list, description="regexes masked in content attributes before storage")
+    redact_deny: list[str] = Field(default_factory=list, description="attribute keys or globs dropped before storage "
+                                   "(span, event and resource attributes; case-insensitive)")
+    redact_patterns: list[str] = Field(default_factory=list, description="regexes replaced by [REDACTED] in every "
+                                       "string stored or served (names, status messages, attribute values, events, resource)")
 
     judge_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) of an optional LLM judge; off when unset")
     judge_model: str = Field("gpt-4o-mini", description="model name sent to the judge")
     judge_api_key: SecretStr | None = Field(None, description="bearer key for the judge endpoint")
     judge_timeout_s: float = Field(30.0, gt=0)
     judge_max_per_cycle: int = Field(20, ge=1, description="judge calls per scoring cycle (bounds cost)")
+    finalized_retain_s: float = Field(
+        900.0, ge=0, description="how long a finalized trace is kept in memory to absorb late spans (later ones "
+        "reload the trace from the store)")
+    finalized_cache_bytes: int = Field(
+        128 << 20, ge=0, description="bound on the (estimated) memory of the finalized traces kept for late "
+        "spans; the oldest are evicted first (relyscope_finalized_traces_evicted_total)")
+    stop_timeout_s: float = Field(
+        10.0, ge=0, description="graceful stop (SIGTERM): the receivers keep answering while the queue drains, "
+        "at most this long; then they close and the rest stays in the spool for the next start")
+    store_retry_max_s: float = Field(
+        10.0, gt=0, description="longest pause between retries of a store write that failed for a passing reason "
+        "(backoff 0.5 s, 1 s, 2 s, … up to this); the spool keeps the data meanwhile")
+    quarantine_after_s: float = Field(
+        10.0, ge=0, description="a spool record the store refuses with a data error (permanent) is retried for "
+        "this long (at least 3 attempts) before it is quarantined")
     # --- shadow replays and release gates (README "Shadow replays and release gates") ---------------
     shadow_targets: dict[str, str] = Field(
         default_factory=dict, description="replay targets: agent version → URL of its replay endpoint "
@@ -121,7 +141,9 @@ class Settings(BaseSettings):
     gate_policy_file: str | None = Field(None, description="release-gate thresholds YAML (default: the shipped conservative policy)")
 
     fault_store_down_file: str | None = Field(
-        None, description="chaos testing: while this file exists, every store write fails as if ClickHouse were down")
+        None, description="chaos testing: while this file exists, store writes fail — empty: as if ClickHouse "
+        "were down; JSON {\"code\": N, \"match\": S, \"tables\": [..]}: inserts fail with ClickHouse error code N "
+        "while the server answers (relyscope.store.clickhouse)")
 
     @field_validator("drift_current", "drift_reference")
     @classmethod

@@ -10,11 +10,13 @@ worker need not re-read it; the worker decodes protobuf bodies itself. A batch t
 or one replayed after a restart, is re-read from the spool.
 
 One worker thread takes batches in spool order, normalizes the spans, stores them, feeds the
-trajectory builder, stores finalized trials, and commits the spool up to the last record all of
-whose traces are finalized *and* whose trials are stored (a trial that could not be written keeps
-its trace's records uncommitted and is retried). A store outage never blocks ``accept``: the spool
-keeps growing (``SpoolFull`` → :class:`Backpressure` when it is full) and drains when the store
-returns.
+trajectory builder, stores finalized trials, and commits the spool up to the last record whose
+spans are stored — an open trace never pins the spool. The ids of the traces still open (or
+whose trial is not stored yet) are written durably before each commit, and reloaded from the
+store on the next start. A store outage never blocks ``accept``: the spool keeps growing
+(``SpoolFull`` → :class:`Backpressure` when it is full) and drains when the store returns.
+Retryable store errors back off (0.5 s doubling up to ``store_retry_max_s``); a record refused
+with a data error is quarantined after ``quarantine_after_s`` (:meth:`Pipeline._unstorable`).
 
 On start, whatever the spool still holds is replayed. Duplicates are harmless (spans and trials
 are keyed, ReplacingMergeTree). A replayed record may hold only the *late* spans of a trace whose
@@ -34,6 +36,7 @@ than the whole spool) are raised to the receivers, which map them to OTLP status
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import threading
@@ -58,9 +61,11 @@ from relyscope.model import CanonicalSpan, Trial
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore
 from relyscope.scoring import GroupKey, ScoreStage, grade_rows_of, score_rows  # noqa: F401 (re-exported)
-from relyscope.store import Store, StoreUnavailable
+from relyscope.collector import quarantine
+from relyscope.collector.budget import InflightBudget
+from relyscope.store import Store, StoreRejected, StoreUnavailable
 
-__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes"]
+__all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes", "default_spool_dir"]
 
 log = logging.getLogger("relyscope.pipeline")
 
@@ -69,7 +74,9 @@ _TAG_PROTO = b"P"
 _INSERT_BATCH_SPANS = 8192  # spans per ClickHouse insert (several spool records)
 _TAG_JSON = b"J"
 
-_STORE_RETRY_S = 0.5  # pause before retrying a failed store write (worker thread only)
+_STORE_RETRY_S = 0.5  # first pause before retrying a failed store write; doubles per failure
+_OPEN_STATE = "open_traces.json"  # spool state: ids of traces open at the last commit
+_MIN_STRIKES = 3  # attempts before a record refused with a data error is quarantined
 _MAX_SEGMENT_BYTES = 64 << 20
 _MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyond: re-read)
 
@@ -77,7 +84,7 @@ _MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyon
 class Backpressure(Exception):
     """Retryable: the spool is full. Receivers answer RESOURCE_EXHAUSTED / 503 + Retry-After."""
 
-    retry_after_s = 5
+    retry_after_s = 2  # a full spool frees a segment within seconds once the store drains
 
 
 @dataclass
@@ -129,12 +136,17 @@ class Pipeline:
                              max_attributes=settings.max_attributes,
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
-        spool_dir = settings.spool_dir or _default_spool_dir(store.dsn)
+        self.inflight = InflightBudget(settings.max_inflight_bytes)  # shared by both receivers
+        spool_dir = settings.spool_dir or default_spool_dir(store.dsn)
         self.spool_dir = spool_dir
         self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
                            segment_bytes=spool_segment_bytes(settings))
+        # evicted finalized traces are forgotten: a late span reloads its trace from the store
+        # (_rehydrate), so the cache bound costs a query, never a fragment trial
         self.builder = TrajectoryBuilder(grace_s=settings.grace_period_s,
-                                         root_timeout_s=settings.root_timeout_s)
+                                         root_timeout_s=settings.root_timeout_s,
+                                         retain_s=settings.finalized_retain_s,
+                                         retain_bytes=settings.finalized_cache_bytes, forget_evicted=True)
         self.stats = Stats()
         self._cv = threading.Condition()
         # seq -> decoded batch (JSON, or a batch the store refused) or spool payload (protobuf)
@@ -147,8 +159,13 @@ class Pipeline:
         self._replay_until: int = self.spool.last_seq
         self._rehydrated: set[str] = set()
         self._single_until = 0  # process spool records one at a time up to this sequence
-        self._strikes: dict[int, int] = {}  # record → writes refused while the store was up
-        self._record_traces: collections.deque[tuple[int, frozenset[str]]] = collections.deque()
+        # record → (first refusal with a data error, monotonic s; refusals so far)
+        self._strikes: dict[int, tuple[float, int]] = {}
+        self._trial_strikes: dict[str, tuple[float, int]] = {}  # trial id → same, for trials
+        self._failures = 0  # consecutive failed store writes (backoff exponent)
+        self.quarantine_dir = quarantine.quarantine_dir(spool_dir)
+        self._restored = False  # open traces of the previous run reloaded (see _restore_open)
+        self._persisted_open: frozenset[str] | None = None  # last open-trace list written
         self._pending_trials: list[Trial] = []  # finalized, not yet stored (store down)
         self._retry_at = 0.0  # monotonic time before which the worker does not retry the store
         self._store_failing = False
@@ -158,6 +175,9 @@ class Pipeline:
         self._threads: list[threading.Thread] = []
         self._last_error: str | None = None
         self.ready = False
+        self._draining = False
+        self._last_accept = 0.0  # monotonic time of the last spooled request
+        self._append_failed_at: float | None = None  # monotonic time of the last failed append
         self._open_traces = 0
         self.scoring = ScoreStage(settings, store, self.policy, stop=self._stop,
                                   store_error=lambda e: setattr(self, "_last_error", str(e)))
@@ -179,6 +199,25 @@ class Pipeline:
             t.start()
             self._threads.append(t)
         self.ready = True
+
+    def drain(self, timeout_s: float, *, quiet_s: float = 1.0) -> bool:
+        """First half of a graceful stop, while the receivers still answer: readiness turns to
+        ``stopping``, ``accept`` keeps spooling (an acknowledged span is durable either way), and
+        the worker keeps storing. Returns True once nothing arrived for ``quiet_s`` and the queue
+        is empty (or the store is failing, so waiting would not drain it), False at ``timeout_s``.
+        Then close the receivers and call :meth:`shutdown`."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                now = time.monotonic()
+                if now - self._last_accept >= quiet_s and (self._queue_empty() or self._store_failing):
+                    return True
+                if now >= deadline:
+                    log.warning("stop: still receiving or draining after %.1f s; %d batches left in the spool",
+                                timeout_s, self.queue_depth)
+                    return False
+                self._cv.wait(timeout=min(0.1, deadline - now))
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop after storing what is queued (at most ``timeout_s``; at once while the store is
@@ -216,6 +255,46 @@ class Pipeline:
         """Traces buffered and not yet finalized (as of the worker's last pass)."""
         return self._open_traces
 
+    # ---- probes ---------------------------------------------------------------------------------
+    def liveness(self) -> str | None:
+        """None while the process works (worker and scorer threads run, the spool is usable), else
+        why a restart is needed. A store outage or a full spool is *not* a liveness failure: a
+        restart would not help and the spool keeps the data."""
+        if self._threads and not all(t.is_alive() for t in self._threads) and not self._stop.is_set():
+            return "worker thread died"
+        if self.spool.failed:
+            return f"spool unusable: {self.spool.failed}"
+        return None
+
+    def readiness(self) -> str | None:
+        """None while new data would be accepted, else the reason it would be refused now:
+        ``starting``, ``stopping``, ``spool_full`` (≥ 95 % of ``spool_max_bytes``), ``disk_full``
+        (under 1 MiB free on the spool's file system) or ``spool_write_failed`` (an append failed
+        with an OSError in the last 10 s and none succeeded since), or the liveness failure."""
+        if not self.ready:
+            return "stopping" if self._stop.is_set() or self._draining else "starting"
+        dead = self.liveness()
+        if dead:
+            return dead
+        if self._draining:
+            return "stopping"
+        if self.spool.bytes_used >= self.settings.spool_max_bytes * 0.95:
+            return "spool_full"
+        try:
+            st = os.statvfs(self.spool_dir)
+            if st.f_bavail * st.f_frsize < (1 << 20):
+                return "disk_full"
+        except OSError:
+            pass
+        failed_at = self._append_failed_at
+        if failed_at is not None and time.monotonic() - failed_at < 10.0:
+            return "spool_write_failed"
+        return None
+
+    def quarantine_summary(self) -> tuple[int, int]:
+        """(records, bytes) held in the quarantine directory."""
+        return quarantine.summary(self.quarantine_dir)
+
     # ---- receiving ------------------------------------------------------------------------------
     def accept(self, body: bytes, content_type: str | None, content_encoding: str | None = None) -> Validation:
         """Validate and durably spool one OTLP/HTTP or OTLP/gRPC (protobuf) request.
@@ -227,7 +306,19 @@ class Pipeline:
         (retryable: spool full, or shutting down); an OSError from the spool (disk) propagates.
         Safe from any thread; never waits for the store.
         """
-        body = decompress(body, content_encoding, self.limits)
+        inflated = 0
+        raw, body = body, decompress(body, content_encoding, self.limits)
+        if body is not raw:
+            inflated = len(body)  # a second buffer beside the compressed one the receiver holds
+            if not self.inflight.try_acquire(inflated):
+                self.stats.backpressure += 1
+                raise Backpressure("in-flight byte budget exhausted")
+        try:
+            return self._accept(body, content_type)
+        finally:
+            self.inflight.release(inflated)
+
+    def _accept(self, body: bytes, content_type: str | None) -> Validation:
         result = validate_http(body, content_type, None, self.limits)
         self.stats.received += result.accepted + result.rejected
         self.stats.rejected.update(result.rejected_by_reason)  # bounded reason codes
@@ -254,6 +345,10 @@ class Pipeline:
             raise Backpressure("spool full") from None
         except ValueError:  # the spool is closed: shutting down
             raise Backpressure("shutting down") from None
+        except OSError:  # disk full, I/O error: the receivers answer retryable; readiness says so
+            self._append_failed_at = time.monotonic()
+            raise
+        self._append_failed_at = None
         with self._cv:
             # the worker may have read this record from the spool already: cache only if not
             if seq >= self._next_seq and len(self._mem) < self.settings.queue_max_batches:
@@ -264,6 +359,7 @@ class Pipeline:
                     self._mem_cost[seq] = cost
                     self._mem_bytes += cost
             self.stats.accepted += result.accepted
+            self._last_accept = time.monotonic()
             self._cv.notify_all()
         return result
 
@@ -346,15 +442,19 @@ class Pipeline:
         return self._next_seq > self.spool.last_seq
 
     def _store_error(self, e: Exception) -> None:
+        """A retryable store failure: back off 0.5 s, 1 s, 2 s, … up to ``store_retry_max_s``."""
         self.stats.store_errors += 1
         self._last_error = str(e)
         self._store_failing = True
-        self._retry_at = time.monotonic() + _STORE_RETRY_S
+        self._failures += 1
+        delay = min(self.settings.store_retry_max_s, _STORE_RETRY_S * 2 ** min(self._failures - 1, 30))
+        self._retry_at = time.monotonic() + delay
         with self._cv:
             self._cv.notify_all()  # a draining shutdown stops waiting
 
     def _store_ok(self) -> None:
         self._store_failing = False
+        self._failures = 0
         self._last_error = None
 
     def _work_once(self) -> bool:
@@ -362,6 +462,8 @@ class Pipeline:
         if time.monotonic() < self._retry_at:
             return False  # the store failed a moment ago
         now = self.clock()
+        if not self._restored and not self._restore_open(now):
+            return False
         # take several spool records and write their spans in one insert: ClickHouse inserts
         # cost ~2x more per span in batches of 512 than of 8192 (bench/README.md)
         batch: list[tuple[int, DecodeResult]] = []
@@ -384,14 +486,18 @@ class Pipeline:
                     prior, asked = self._rehydrate(seq, spans)
                     per_record.append((seq, spans, prior, asked))
                 self.store.insert_spans([s for _, spans, _, _ in per_record for s in spans])
-            except StoreUnavailable as e:
-                self._store_error(e)
-                with self._cv:  # retry later from the spool, which still holds them (memory stays bounded)
+            except (StoreUnavailable, StoreRejected) as e:
+                # retry later from the spool, which still holds them (memory stays bounded)
+                with self._cv:
                     self._next_seq = batch[0][0]
-                if self.store.ping():  # the store is up: the data itself cannot be stored
-                    self._unstorable(batch)
+                if isinstance(e, StoreRejected):  # a data error: find the record, retry, quarantine
+                    self._unstorable(batch, e)
+                else:  # down, or refusing for a passing reason: back off and retry, never drop
+                    self._store_error(e)
                 return False
             self._store_ok()
+            for seq, _ in batch:
+                self._strikes.pop(seq, None)
             self.stats.store_write_seconds.append(self.store.last_write_s)
             for seq, spans, prior, asked in per_record:
                 if prior:  # spans of committed records, so the trace is assembled whole
@@ -399,7 +505,6 @@ class Pipeline:
                 self._rehydrated |= asked
                 new = self.builder.add(((s, normalize(s)) for s in spans), now)
                 self.stats.deduplicated += len(spans) - new
-                self._record_traces.append((seq, frozenset(s.trace_id for s in spans)))
                 self._advance(seq)
             if self._rehydrated and self._next_seq > self._replay_until:
                 self._rehydrated = set()  # replay done
@@ -409,31 +514,38 @@ class Pipeline:
         self._open_traces = self.builder.open_traces
         return did and stored
 
-    def _unstorable(self, batch: list[tuple[int, DecodeResult]]) -> None:
-        """A write failed while the store answers: some record's data cannot be stored. Narrow
-        down by writing one record at a time; a single record refused twice with the store up is
-        quarantined (kept as a file in ``<spool dir>.quarantine``, its spans counted rejected as
-        ``unstorable``) so that it cannot block every record behind it forever."""
-        self._retry_at = 0.0  # not an outage: go on at once
+    def _unstorable(self, batch: list[tuple[int, DecodeResult]], err: StoreRejected) -> None:
+        """An insert was refused with a data error (:class:`StoreRejected`). Narrow down by writing
+        one record at a time; a single record refused so for ``quarantine_after_s`` and at least
+        ``_MIN_STRIKES`` attempts (backoff between them) is quarantined — kept durably in
+        ``<spool dir>.quarantine/`` for ``relyscope quarantine list|replay``, its spans counted
+        rejected as ``unstorable`` — so that it cannot block every record behind it forever.
+        A retryable error in between does not reset the count; any stored write does (the
+        record was not the culprit)."""
+        self.stats.store_errors += 1
+        self._last_error = str(err)
         if len(batch) > 1:
             self._single_until = batch[-1][0]
+            self._retry_at = 0.0  # not an outage: narrow down at once
             return
         seq, res = batch[0]
-        self._strikes[seq] = self._strikes.get(seq, 0) + 1
-        if self._strikes[seq] < 2:
+        now = time.monotonic()
+        first, n = self._strikes.get(seq, (now, 0))
+        n += 1
+        self._strikes[seq] = (first, n)
+        if n < _MIN_STRIKES or now - first < self.settings.quarantine_after_s:
+            self._retry_at = now + min(self.settings.store_retry_max_s, _STORE_RETRY_S * 2 ** (n - 1))
             return
         del self._strikes[seq]
-        qdir = self.spool_dir.rstrip("/") + ".quarantine"
-        os.makedirs(qdir, exist_ok=True)
+        self._retry_at = 0.0
         recs = self.spool.read_from(seq, max_records=1)
-        if recs and recs[0][0] == seq:
-            with open(os.path.join(qdir, f"{seq:020d}.otlp"), "wb") as f:
-                f.write(recs[0][1])
-        n = len(res.spans)
-        self.stats.rejected["unstorable"] += n
+        if recs and recs[0][0] == seq:  # OSError propagates: the record stays, retried next pass
+            quarantine.put(self.quarantine_dir, seq, recs[0][1], spans=len(res.spans), error=str(err),
+                           code=err.code)
+        n_spans = len(res.spans)
+        self.stats.rejected["unstorable"] += n_spans
         log.error("spool record %d (%d spans) cannot be stored; quarantined in %s: %s",
-                  seq, n, qdir, self._last_error)
-        self._record_traces.append((seq, frozenset()))
+                  seq, n_spans, self.quarantine_dir, err)
         self._advance(seq)
 
     def _rehydrate(self, seq: int, spans: list[CanonicalSpan]) -> tuple[list[CanonicalSpan], set[str]]:
@@ -468,27 +580,91 @@ class Pipeline:
         except StoreUnavailable as e:
             self._store_error(e)
             return False
+        except StoreRejected:
+            if not self._emit_one_by_one():
+                return False
         self._store_ok()
         stored, self._pending_trials = self._pending_trials, []
         self.stats.trials_finalized += len(stored)
         self.scoring.trials_stored(stored)
         return True
 
+    def _emit_one_by_one(self) -> bool:
+        """After a data error on a batch of trials: write them one at a time; a trial refused with
+        a data error for ``quarantine_after_s`` (and ``_MIN_STRIKES`` attempts) is dropped and
+        counted (``trials_unstorable``) — its spans are stored, so nothing acknowledged is lost.
+        True when every pending trial is stored or dropped (``_pending_trials`` then holds the
+        stored ones), False to retry later."""
+        kept: list[Trial] = []
+        ok = True
+        now = time.monotonic()
+        for t in self._pending_trials:
+            try:
+                self.store.insert_trials([t])
+                kept.append(t)
+            except StoreUnavailable as e:
+                self._store_error(e)
+                return False
+            except StoreRejected as e:
+                first, n = self._trial_strikes.get(t.trial_id, (now, 0))
+                n += 1
+                if n >= _MIN_STRIKES and now - first >= self.settings.quarantine_after_s:
+                    self._trial_strikes.pop(t.trial_id, None)
+                    self.stats.rejected["trials_unstorable"] += 1
+                    log.error("trial %s cannot be stored; dropped (its spans are stored): %s", t.trial_id, e)
+                    continue
+                self._trial_strikes[t.trial_id] = (first, n)
+                self.stats.store_errors += 1
+                self._last_error = str(e)
+                self._retry_at = now + min(self.settings.store_retry_max_s, _STORE_RETRY_S * 2 ** (n - 1))
+                ok = False
+        if not ok:  # keep the stored ones too: re-writing them is harmless (ReplacingMergeTree)
+            return False
+        self._pending_trials = kept
+        return True
+
     def _commit_spool(self) -> None:
-        """Commit the longest prefix of processed records none of whose traces is open or has a
-        trial waiting to be stored (then a crash cannot lose them)."""
-        blocked = set(self.builder.open_trace_ids())
-        blocked.update(t.trace_id for t in self._pending_trials)
-        last, n = None, 0
-        for seq, tids in self._record_traces:
-            if not tids.isdisjoint(blocked):
-                break
-            last, n = seq, n + 1
-        if last is None:
+        """Commit every record the worker has stored (or quarantined), whatever the state of its
+        traces, so that an open trace (a rootless one waits ``root_timeout_s``) never pins the
+        spool. What such a trace needs after a crash is in the store already; the ids of the
+        traces still open — or finalized with a trial not yet stored — are written durably first
+        (spool state ``open_traces.json``) and reloaded from the store on the next start
+        (:meth:`_restore_open`)."""
+        with self._cv:
+            upto = self._next_seq - 1
+        if upto <= self.spool.committed_seq:
             return
-        self.spool.commit(last)  # OSError: nothing popped, retried on the next pass
-        for _ in range(n):
-            self._record_traces.popleft()
+        open_ids = frozenset(self.builder.open_trace_ids() | {t.trace_id for t in self._pending_trials})
+        if open_ids != self._persisted_open:  # OSError: nothing committed, retried on the next pass
+            self.spool.write_state(_OPEN_STATE, json.dumps(sorted(open_ids)).encode())
+            self._persisted_open = open_ids
+        self.spool.commit(upto)
+
+    def _restore_open(self, now: float) -> bool:
+        """Once, before the first batch: reload from the store the traces that were open when the
+        previous run stopped (their spool records are committed), with the trials already stored
+        for them, so they are finalized as if there had been no restart. False (and backoff) while
+        the store fails."""
+        raw = self.spool.read_state(_OPEN_STATE)
+        try:
+            ids = sorted(json.loads(raw)) if raw else []
+        except ValueError:
+            log.error("unreadable %s in the spool: open traces of the previous run are not reloaded", _OPEN_STATE)
+            ids = []
+        try:
+            for i in range(0, len(ids), 1000):
+                chunk = [t for t in ids[i:i + 1000] if not self.builder.knows(t)]
+                for t in self.store.load_trials(trace_ids=chunk):
+                    self.builder.remember_emitted(t.trace_id, [t])
+                self.builder.add(((s, normalize(s)) for s in self.store.load_spans(chunk)), now)
+        except StoreUnavailable as e:
+            self._store_error(e)
+            return False
+        if ids:
+            log.info("reloaded %d open traces of the previous run from the store", len(ids))
+        self._restored = True
+        self._persisted_open = frozenset(ids)
+        return True
 
     def _finalize_all(self) -> bool:
         stored = self._emit(self.builder.flush(self.clock()))
@@ -547,7 +723,9 @@ _KIND_CODE = {"Unspecified": 0, "Internal": 1, "Server": 2, "Client": 3, "Produc
 _STATUS_CODE = {"Unset": 0, "Ok": 1, "Error": 2}
 
 
-def _default_spool_dir(dsn: str) -> str:
+def default_spool_dir(dsn: str) -> str:
+    """The spool directory when none is set: ``<store dir>/../spool`` for an embedded store on
+    disk, else ``./.relyscope/spool``. ``dsn`` as resolved by :func:`relyscope.store.resolve_dsn`."""
     if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
         return os.path.join(os.path.dirname(dsn[len("chdb://"):].rstrip("/")), "spool")
     return os.path.abspath(os.path.join(".relyscope", "spool"))

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 
 import uvicorn
 
@@ -50,7 +51,7 @@ class _UvicornThread:
         if settings.tls_cert_file and settings.tls_key_file:
             ssl = {"ssl_certfile": settings.tls_cert_file, "ssl_keyfile": settings.tls_key_file}
         cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                             timeout_graceful_shutdown=5, **ssl)
+                             timeout_graceful_shutdown=2, **ssl)
         self.server = uvicorn.Server(cfg)
         self.server.install_signal_handlers = lambda: None  # uvicorn < 0.29 API; harmless otherwise
         self.sock = sock
@@ -62,9 +63,10 @@ class _UvicornThread:
     def start(self):
         self.thread.start()
 
-    def stop(self):
+    def stop(self, wait: bool = True):
         self.server.should_exit = True
-        self.thread.join(10)
+        if wait:
+            self.thread.join(10)
 
 
 class Sidecar:
@@ -109,17 +111,26 @@ class Sidecar:
         return self
 
     def stop(self) -> None:
-        """Stop receivers first (no new data), then drain the pipeline, then close the store."""
+        """Graceful stop within ``settings.stop_timeout_s`` (plus ~2 s to close): the receivers
+        keep answering — and spooling — while the queue drains (readiness says ``stopping``);
+        then they close (in-flight requests finish), the worker stores what arrived meanwhile
+        with the time left, and the store closes. What is not stored stays in the spool for the
+        next start. Idempotent."""
         if self._stopped:
             return
         self._stopped = True
+        deadline = time.monotonic() + self.settings.stop_timeout_s
+        if self.pipeline is not None:
+            self.pipeline.drain(self.settings.stop_timeout_s)
         if getattr(self, "shadow", None) is not None:
             self.shadow.shutdown()
         if self._grpc is not None:
-            self._grpc.stop(grace=2).wait(5)
+            self._grpc.stop(grace=1).wait(2)
+        for h in self._http:  # both at once: each takes up to its graceful-shutdown timeout
+            h.stop(wait=False)
         for h in self._http:
             h.stop()
         if self.pipeline is not None:
-            self.pipeline.shutdown()
+            self.pipeline.shutdown(timeout_s=max(0.5, deadline - time.monotonic()))
         if self.store is not None:
             self.store.close()

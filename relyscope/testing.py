@@ -69,9 +69,19 @@ class SidecarProc:
         return self.get("/api/v1/report").json()
 
     def trials(self, **params) -> list[dict]:
-        r = self.get("/api/v1/trials", params=params)
-        assert r.status_code == 200, r.text
-        return r.json()["trials"]
+        """Every trial matching the filters (all pages; ``limit`` caps the total)."""
+        cap = params.pop("limit", None)
+        out: list[dict] = []
+        cursor = None
+        while True:
+            page_params = {**params, "limit": 1000, **({"cursor": cursor} if cursor else {})}
+            r = self.get("/api/v1/trials", params=page_params)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            out += body["trials"]
+            cursor = body.get("next_cursor")
+            if not cursor or (cap is not None and len(out) >= cap):
+                return out if cap is None else out[:cap]
 
     def vm_status(self) -> dict[str, int]:
         """VmRSS / VmHWM of the process, KiB (Linux)."""
@@ -111,11 +121,12 @@ def wait_for_replays(sidecar: SidecarProc, replay_ids: list[str], timeout_s: flo
 
 
 def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[str] | None = None,
-                  timeout_s: float = 60, cpu: int | None = None) -> SidecarProc:
+                  timeout_s: float = 60, cpu: int | None = None, wrapper: list[str] | None = None) -> SidecarProc:
     """Start ``relyscope serve`` on free loopback ports; return once it listens.
 
     Test defaults: grace period 0.3 s, score interval 1 s, B = 200 (override with ``extra_env``).
-    ``cpu``: pin the process to that core with ``taskset`` (benchmarks). Raises RuntimeError if it
+    ``cpu``: pin the process to that core with ``taskset`` (benchmarks). ``wrapper``: a command
+    prefix, e.g. ``["prlimit", "--fsize=262144", "--"]`` to make large writes fail. Raises RuntimeError if it
     exits or does not listen within ``timeout_s``, with its log."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -134,6 +145,8 @@ def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[s
     cmd = [str(RELYSCOPE_BIN), "serve", "--log-level", "warning", *(args or [])]
     if cpu is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", str(cpu), *cmd]
+    if wrapper:
+        cmd = [*wrapper, *cmd]
     with open(data_dir / "sidecar.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     sc = SidecarProc(proc, data_dir, 0, 0, 0, env)

@@ -398,7 +398,9 @@ def test_sigterm_during_outage_then_restart_replays_spans_and_trials(tmp_path, s
     wait_until(lambda: stored_keys(sc) == keys_of(traces[t1]), what="first trace's spans stored")
     down.touch()
     # the flush finalizes the first trace, but its trial cannot be written (504): at the SIGTERM
-    # below the spool record of that trace must still be uncommitted
+    # below its spool record is committed (its spans are stored: an unstored trial must not pin
+    # the spool, issue 10) and its trace id is in the spool's open-trace state instead, so the
+    # restarted sidecar reloads it from the store and writes the trial
     r = httpx.post(sc.api + "/api/v1/flush", params={"timeout_s": 1}, timeout=15)
     assert r.status_code == 504, r.text
     wait_until(lambda: metric(sc, "relyscope_store_write_errors_total") > 0, what="failed trial write")
@@ -406,7 +408,7 @@ def test_sigterm_during_outage_then_restart_replays_spans_and_trials(tmp_path, s
         tid = trace_id_of(4, i)
         traces[tid] = make_trace(tid, task=f"t{i % 2}", n_children=2 * i)
         assert post_json(sc, traces[tid]).status_code == 200
-    assert metric(sc, "relyscope_spool_pending_records") >= 4
+    assert metric(sc, "relyscope_spool_pending_records") >= 3
     assert _stop_term(sc) == 0  # a clean stop with the store still down
     down.unlink()
     sc = _start(sidecars, tmp_path, **env)

@@ -113,7 +113,7 @@ def test_rules_use_only_exposed_metrics_and_score_labels():
 def test_promtool_check_prometheus_config():
     r = _promtool("check", "config", str(DEPLOY / "prometheus.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "1 rule files found" in r.stdout  # the relative rule_files path resolves to deploy/alerts
+    assert "2 rule files found" in r.stdout  # the relative rule_files paths resolve to deploy/alerts
     cfg = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     assert jobs["relyscope"]["static_configs"][0]["targets"] == ["relyscope:9464"]
@@ -187,8 +187,11 @@ def test_kubernetes_sidecar_manifest():
     agent = next(c for c in containers if c["name"] == "agent")
     assert {p["containerPort"] for p in sc["ports"]} == {4317, 4318, 9464}
     named = {p["name"]: p["containerPort"] for p in sc["ports"]}
-    probe = sc["readinessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz" and named.get(probe["port"], probe["port"]) == 9464
+    # a full spool must neither restart the sidecar nor take the agent's pod out of service:
+    # every probe of the native sidecar is liveness (/livez), never /readyz or /healthz
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = sc[kind]["httpGet"]
+        assert probe["path"] == "/livez" and named.get(probe["port"], probe["port"]) == 9464, kind
     env = {e["name"]: e for e in sc["env"]}
     assert set(env) <= _settings_env_names()
     assert env["RELYSCOPE_API"]["value"].endswith(":9464")

@@ -1,5 +1,6 @@
-"""A record the store refuses while it is up is quarantined instead of blocking every record
-behind it. Runs in a subprocess: chDB allows one data path per process."""
+"""A record the store refuses with a data error (StoreRejected: permanent) is quarantined, after a
+bounded retry, instead of blocking every record behind it. Runs in a subprocess: chDB allows one
+data path per process. (Transient errors are never quarantined: tests/test_store_faults.py.)"""
 
 from __future__ import annotations
 
@@ -13,19 +14,20 @@ SCRIPT = textwrap.dedent("""
     import json, os, sys
     from relyscope.config import Settings
     from relyscope.pipeline import Pipeline
-    from relyscope.store import Store, StoreUnavailable
+    from relyscope.store import Store, StoreRejected
 
     class PoisonStore(Store):
         # a real chDB store that refuses any batch holding a span named "poison" (as ClickHouse
-        # refuses data it cannot hold), while answering every other query
+        # refuses data it cannot hold, e.g. TYPE_MISMATCH 53), while answering every other query
         def insert_spans(self, spans):
             if any(s.name == "poison" for s in spans):
-                raise StoreUnavailable("refused: poison")
+                raise StoreRejected("refused: poison", 53)
             return super().insert_spans(spans)
 
     root = sys.argv[1]
     st = PoisonStore(f"chdb://{root}/data")
-    p = Pipeline(Settings(store=f"chdb://{root}/data", spool_dir=f"{root}/spool", grace_period_s=0), st)
+    p = Pipeline(Settings(store=f"chdb://{root}/data", spool_dir=f"{root}/spool", grace_period_s=0,
+                          quarantine_after_s=0), st)
     p.start()
     for i, name in enumerate(["good-1", "poison", "good-2"]):
         span = {"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": name, "kind": 1,
@@ -34,7 +36,7 @@ SCRIPT = textwrap.dedent("""
         assert p.accept(body, "application/json").rejected == 0
     ok = p.flush(timeout_s=60)
     names = sorted(r[0] for r in st.query("SELECT SpanName FROM {db}.otel_traces FINAL"))
-    quarantined = sorted(os.listdir(f"{root}/spool.quarantine"))
+    quarantined = sorted(os.listdir(f"{root}/spool.quarantine"))  # record + its metadata
     print(json.dumps({"flushed": ok, "names": names, "quarantined": quarantined,
                       "unstorable": p.stats.rejected["unstorable"], "pending": p.spool.pending_records}))
     p.shutdown()
@@ -48,6 +50,7 @@ def test_poison_record_is_quarantined_and_later_records_are_stored(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["flushed"] is True
     assert out["names"] == ["good-1", "good-2"]  # the record behind the poison one was stored
-    assert out["quarantined"] == ["00000000000000000002.otlp"]  # the poison record, kept for inspection
+    # the poison record, kept for inspection and replay, with the store's error beside it
+    assert out["quarantined"] == ["00000000000000000002.json", "00000000000000000002.otlp"]
     assert out["unstorable"] == 1
     assert out["pending"] == 0  # committed past it: it will not block a restart either

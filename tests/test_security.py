@@ -34,8 +34,8 @@ def test_redactor_deny_allow_and_masks():
                          "llm.input_messages.0.message.content": "x", "gen_ai.request.model": f"m {card}"}))
     assert out.attributes["gen_ai.input.messages"] == f"my card is {MASK}"
     assert "user.email" not in out.attributes and "llm.input_messages.0.message.content" not in out.attributes
-    # masks apply to content attributes only; other attributes are left as sent
-    assert out.attributes["gen_ai.request.model"] == f"m {card}"
+    # masks apply to every string, not only to content attributes (issue 10 item 7)
+    assert out.attributes["gen_ai.request.model"] == f"m {MASK}"
     assert "redacted" in out.flags
     # nested structured content is masked too
     out = r.apply(_span({"gen_ai.output.messages": [{"parts": [{"content": f"card {card}"}]}]}))

@@ -27,11 +27,11 @@ def free_port() -> int:
 
 
 class Agent:
-    """The refund agent (tests/agents/refund_agent.py) as a replay target process."""
+    """The refund agent (tests/replay_agents/refund_agent.py) as a replay target process."""
 
     def __init__(self, sidecar, effects: Path, version: str, port: int, *flags: str):
         self.port = port
-        cmd = [sys.executable, "-m", "tests.agents.refund_agent", "serve", "--otlp", sidecar.otlp_grpc,
+        cmd = [sys.executable, "-m", "tests.replay_agents.refund_agent", "serve", "--otlp", sidecar.otlp_grpc,
                "--effects", str(effects), "--version", version, "--port", str(self.port), *flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{self.port}/relyscope/replay"
@@ -56,7 +56,7 @@ class Agent:
 
 
 def run_production(sidecar, effects: Path, *, tasks: int, runs: int, version: str = "1.0") -> None:
-    subprocess.run([sys.executable, "-m", "tests.agents.refund_agent", "prod", "--otlp", sidecar.otlp_grpc,
+    subprocess.run([sys.executable, "-m", "tests.replay_agents.refund_agent", "prod", "--otlp", sidecar.otlp_grpc,
                     "--effects", str(effects), "--version", version, "--tasks", str(tasks), "--runs", str(runs)],
                    cwd=ROOT, check=True, timeout=60)
     sidecar.flush()

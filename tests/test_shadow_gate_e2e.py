@@ -157,7 +157,7 @@ def test_canary_traffic_is_gated_against_production(gated):
     """--mode canary: the worse version's canary production traffic (its own verifier says
     failure) against the baseline's production runs of the same tasks."""
     sc, tmp, _ = gated
-    subprocess.run([sys.executable, "-m", "tests.agents.refund_agent", "prod", "--otlp", sc.otlp_grpc,
+    subprocess.run([sys.executable, "-m", "tests.replay_agents.refund_agent", "prod", "--otlp", sc.otlp_grpc,
                     "--effects", str(tmp / "canary-effects.log"), "--version", "2.0-canary", "--tasks", "24",
                     "--runs", "1", "--worse", "--run-kind", "canary"], cwd=ROOT, check=True, timeout=60)
     sc.flush()

@@ -28,6 +28,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
 import_app = typer.Typer(no_args_is_help=True, help="Import benchmark results as OTLP spans.")
 app.add_typer(import_app, name="import")
+from relyscope.cli.quarantine import quarantine_app  # noqa: E402 - a sub-app of its own module
+
+app.add_typer(quarantine_app, name="quarantine")
 from relyscope.cli.shadow import gate as _gate_cmd, shadow_app  # noqa: E402
 
 app.add_typer(shadow_app, name="shadow")
@@ -169,12 +172,21 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
     except httpx.TransportError:
         return None
     if r.status_code == 401:
-        err.print(f"[red]the sidecar at {api} requires a bearer token:[/red] pass --token or set RELYSCOPE_AUTH_TOKEN")
-        raise typer.Exit(2)
+        _token_error(api, token)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
     return r.json()
+
+
+def _token_error(api: str, token: Optional[str]) -> None:
+    """Exit 2 with the reason of a 401: no token given, or the given one refused."""
+    if token:
+        err.print(f"[red]the sidecar at {api} refused the token[/red] given by --token / RELYSCOPE_AUTH_TOKEN "
+                  "(it is not the sidecar's RELYSCOPE_AUTH_TOKEN)")
+    else:
+        err.print(f"[red]the sidecar at {api} requires a bearer token:[/red] pass --token or set RELYSCOPE_AUTH_TOKEN")
+    raise typer.Exit(2)
 
 
 def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
@@ -237,9 +249,13 @@ def report(
             raise typer.Exit(2) from None
     rep = _fetch_report(api, token, window)
     if rep is None:
+        from relyscope.store import chdb_path
+
         dsn = _settings(store=store).store  # validated like serve's (a bad DSN names the field)
-        if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
-            path = Path(dsn[len("chdb://"):])
+        local = chdb_path(dsn)  # chdb:///./x is ./x, read from the current directory as serve does
+        if local is not None:
+            path = Path(local)
+            dsn = "chdb://" + local
             if not path.exists():
                 err.print(f"[red]no sidecar answers at {api} and there is no store at {path}[/red] "
                           "(start `relyscope serve`, or pass --api URL / --store DSN)")
@@ -275,6 +291,8 @@ def history(
     except httpx.TransportError:
         err.print(f"[red]no sidecar answers at {api}[/red] (start `relyscope serve` or pass --api URL)")
         raise typer.Exit(1) from None
+    if r.status_code == 401:
+        _token_error(api, token)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
@@ -425,9 +443,30 @@ def demo(
                 target.kill()
         sc.stop()
     err.print(f"demo finished in {time.monotonic() - t0:.1f} s")
-    err.print("next: keep a sidecar running with `.venv/bin/relyscope serve` (OTLP on :4317/:4318, API and "
-              "/metrics on :9464), point your agent's OTLP exporter at it, and read README.md "
-              "(\"Point an already-instrumented agent at it\", \"Shadow replays and release gates\").")
+    print(demo_next_steps(data_dir), file=sys.stderr)  # plain: never wrapped or styled
+
+
+def demo_next_steps(data_dir: Path) -> str:
+    """What to do after the demo: keep a sidecar running, point an agent at it, where to look."""
+    exe = Path(sys.executable).parent / "relyscope"
+    if shutil.which("relyscope") == str(exe):
+        rs = "relyscope"
+    else:  # as the user would type it from here: .venv/bin/relyscope after `make demo`
+        rs = os.path.relpath(exe) if exe.resolve().is_relative_to(Path.cwd().resolve()) else str(exe)
+    store = f"chdb://{data_dir.resolve()}/data"
+    return "\n".join([
+        "",
+        "next steps:",
+        f"  keep a sidecar running:   {rs} serve            (OTLP :4317 gRPC / :4318 HTTP, API :9464;",
+        "                            embedded store ./.relyscope/data; Ctrl-C stops it, data is kept)",
+        f"  browse the demo's data:   {rs} serve --store {store}",
+        "  point your agent at it:   OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 "
+        "(README: \"Point an already-instrumented agent at it\")",
+        "  give runs a task and an outcome: README \"First ten minutes with your framework\"",
+        f"  replay and gate versions: README \"Shadow replays and release gates\" ({rs} shadow, {rs} gate)",
+        f"  look:                     {rs} report   ·   http://localhost:9464/docs   ·   "
+        "http://localhost:9464/metrics",
+    ])
 
 
 def _wait_http(url: str, timeout_s: float) -> None:

@@ -36,9 +36,13 @@ def render_report(rep: dict, console: Console) -> None:
         console.print("[yellow]no finalized trials yet[/yellow]")
         return
     for g in rep["groups"]:
+        oc = g.get("outcomes")
+        outcomes = (f" (outcome: {oc['success']} success, {oc['failure']} failure, {oc['unknown']} unknown)"
+                    if oc else "")
         title = escape(f"{g['agent']} {g['version']} [{g['run_kind']}] — {g['tasks']} tasks, {g['trials']} trials"
-                 f", {g.get('invalid_trials', 0)} invalid, {g.get('incomplete_trials', 0)} incomplete"
+                 f"{outcomes}, {g.get('invalid_trials', 0)} invalid, {g.get('incomplete_trials', 0)} incomplete"
                  f"  (formula set {rep.get('formula_set')})")
+        no_outcomes = bool(oc) and not oc["success"] and not oc["failure"]
         t = Table(title=title, title_justify="left")
         t.add_column("dimension")
         t.add_column("metric")
@@ -46,18 +50,29 @@ def render_report(rep: dict, console: Console) -> None:
         t.add_column("95% CI (task-clustered)", justify="right")
         t.add_column("tasks", justify="right")
         m = g["metrics"]
+        hidden = 0
         for dim, pats in _DIMENSIONS:
             first = True
             for pat in pats:
                 for name in _names(m, pat):
                     mv = m[name]
+                    if no_outcomes and mv.get("value") is None:
+                        hidden += 1  # a page of "—" says less than the note below
+                        continue
                     ci = mv.get("ci")
                     t.add_row(dim if first else "", name, _fmt(mv.get("value")),
                               "—" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]", str(mv.get("n_tasks", 0)))
                     first = False
             if not first:
                 t.add_section()
-        console.print(t)
+        if t.row_count:
+            console.print(t)
+        else:
+            console.print(f"[bold]{title}[/bold]")
+        if hidden:
+            console.print(f"({hidden} metrics undefined without outcomes not shown)")
+        for note in g.get("notes") or []:
+            console.print(f"[yellow]note: {escape(note)}[/yellow]")
         fe = g.get("fault_exposure")
         if fe or g.get("sandbox_miss_trials"):
             console.print(escape(
@@ -81,7 +96,7 @@ def _table(console: Console, title: str, rows: list[dict]) -> None:
         t.add_column(c.replace("_", " "))
     for r in rows:
         t.add_row(*["—" if r.get(c) is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else
-                    _short_list(r[c]) if isinstance(r[c], list) else str(r[c])) for c in cols])
+                    _short_list(r[c]) if isinstance(r[c], list) else escape(str(r[c]))) for c in cols])
     console.print(t)
 
 
@@ -121,7 +136,9 @@ def _render_sections(console: Console, g: dict) -> None:
     ctl = g.get("control")
     if ctl:
         _table(console, "control decisions", [{"measure": k, "value": v} for k, v in ctl.items()])
-    _table(console, "worst tasks (lowest C_out, most violations)", g.get("worst_tasks") or [])
+    worst = [{"task": w.get("label") or w["task_id"], **{k: v for k, v in w.items() if k not in ("task_id", "label")}}
+             for w in g.get("worst_tasks") or []]
+    _table(console, "worst tasks (lowest success rate, lowest C_out, most violations)", worst)
 
 
 def render_history(data: dict, console: Console, width: int = 30) -> None:

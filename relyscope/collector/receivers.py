@@ -7,10 +7,12 @@ into OTLP status codes (OTLP 1.x spec, "OTLP/gRPC Response" and "OTLP/HTTP Respo
 |---|---|---|
 | accepted (maybe partially) | OK + ExportTraceServiceResponse (partial_success) | 200, same body |
 | undecodable request | INVALID_ARGUMENT | 400 + google.rpc.Status |
-| body over the limit | RESOURCE_EXHAUSTED (message size) | 413 + google.rpc.Status |
+| body over the limit | INVALID_ARGUMENT (permanent; beyond twice the limit grpc core's RESOURCE_EXHAUSTED) | 413 + google.rpc.Status |
 | unknown content type | — | 415 |
-| spool full (retryable) | RESOURCE_EXHAUSTED + RetryInfo | 503 + Retry-After |
-| spool write failed / unexpected error (retryable) | UNAVAILABLE | 503 + Retry-After |
+| spool full, or in-flight byte budget exhausted (retryable) | RESOURCE_EXHAUSTED + RetryInfo | 503 + Retry-After |
+| spool write failed / unexpected error (retryable) | UNAVAILABLE + RetryInfo | 503 + Retry-After |
+
+RetryInfo goes in both trailers the stock exporters read (:func:`_retry_trailers`).
 | decoder bug (``OTLPRequestError`` 500) | INTERNAL | 500 + google.rpc.Status |
 | missing/wrong bearer token | UNAUTHENTICATED | 401 |
 | other path / method | UNIMPLEMENTED | 404 / 405 + google.rpc.Status |
@@ -45,19 +47,19 @@ log = logging.getLogger("relyscope.receivers")
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _JSON = "application/json"
 _PROTO = "application/x-protobuf"
-_RETRY_AFTER_S = 5  # for retryable failures other than a full spool
+_RETRY_AFTER_S = 2  # for retryable failures other than a full spool
 # media types relyscope.collector.otlp.decode_http accepts (parameters such as charset ignored)
 _ACCEPTED_TYPES = frozenset((_PROTO, "application/protobuf", _JSON))
 
 
 def _error_codes(e: OTLPRequestError) -> tuple[int, grpc.StatusCode]:
-    """(HTTP status, gRPC status) of a permanent request error: 413 → RESOURCE_EXHAUSTED (as
-    grpc's own message-size check) unless the error says FAILED_PRECONDITION (a request larger
-    than the whole spool), 500 → INTERNAL, other 4xx → INVALID_ARGUMENT."""
+    """(HTTP status, gRPC status) of a permanent request error: FAILED_PRECONDITION when the error
+    says so (a request larger than the whole spool), 500 → INTERNAL, other 4xx (413 too) →
+    INVALID_ARGUMENT — never RESOURCE_EXHAUSTED, which OTLP exporters retry."""
     if e.grpc_code == "FAILED_PRECONDITION":  # e.g. larger than the whole spool: never retry
         return e.http_status, grpc.StatusCode.FAILED_PRECONDITION
-    if e.http_status == 413:
-        return 413, grpc.StatusCode.RESOURCE_EXHAUSTED
+    if e.http_status == 413:  # too large: permanent (RESOURCE_EXHAUSTED would be retried)
+        return 413, grpc.StatusCode.INVALID_ARGUMENT
     if e.http_status >= 500:
         return 500, grpc.StatusCode.INTERNAL
     if 400 <= e.http_status < 500:
@@ -78,14 +80,25 @@ def check_bearer(header: str | None, token: str | None) -> bool:
     return hmac.compare_digest(header[7:].strip().encode(), token.encode())
 
 
-def _retry_info_status(message: str, seconds: int) -> bytes:
+def _retry_trailers(code: grpc.StatusCode, message: str, seconds: int) -> tuple[tuple[str, bytes], ...]:
+    """Trailing metadata carrying a ``google.rpc.RetryInfo`` hint where each stock OTLP exporter
+    reads it: ``grpc-status-details-bin`` (a ``google.rpc.Status`` with the RetryInfo in its
+    details: the Go exporter's ``throttleDelay``, grpc-java's ``StatusProto``) and
+    ``google.rpc.retryinfo-bin`` (the bare RetryInfo: what opentelemetry-python's gRPC exporter
+    looks up; without it it backs off 1, 2, 4 … s and gives up at its deadline)."""
     from google.protobuf import duration_pb2
     from google.rpc import error_details_pb2, status_pb2
 
-    st = status_pb2.Status(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message=message)
     ri = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=seconds))
+    st = status_pb2.Status(code=code.value[0], message=message)
     st.details.add().Pack(ri)
-    return st.SerializeToString()
+    return (("grpc-status-details-bin", st.SerializeToString()),
+            ("google.rpc.retryinfo-bin", ri.SerializeToString()))
+
+
+def _abort_retryable(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, seconds: int):
+    context.set_trailing_metadata(_retry_trailers(code, message, seconds))
+    context.abort(code, message)
 
 
 def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = None,
@@ -94,32 +107,48 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
     Returns (server, bound port). Raises RuntimeError if the port cannot be bound."""
     from relyscope.pipeline import Backpressure
 
+    limit = pipeline.settings.max_body_bytes
+    budget = pipeline.inflight
+
     def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
         md = dict(context.invocation_metadata())
         if not check_bearer(md.get("authorization"), token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        if len(raw) > limit:  # permanent: a retry of the same request cannot succeed
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"request of {len(raw)} bytes exceeds the limit of {limit} bytes (RELYSCOPE_MAX_BODY_BYTES); "
+                          "send smaller batches")
+        if not budget.try_acquire(len(raw)):
+            pipeline.stats.backpressure += 1
+            _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             "relyscope in-flight byte budget exhausted; retry later", Backpressure.retry_after_s)
         try:
             result = pipeline.accept(raw, _PROTO, None)
             reply = encode_response(result, json=False)
         except OTLPRequestError as e:
             context.abort(_error_codes(e)[1], e.message)
-        except Backpressure:
-            context.set_trailing_metadata(
-                (("grpc-status-details-bin", _retry_info_status("spool full", Backpressure.retry_after_s)),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "relyscope spool full; retry later")
+        except Backpressure as e:
+            _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"relyscope {e}; retry later",
+                             Backpressure.retry_after_s)
         except OSError as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}")
+            _abort_retryable(context, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", _RETRY_AFTER_S)
         except Exception as e:  # noqa: BLE001 - a stage boundary: never a bare UNKNOWN to the client
             log.exception("OTLP/gRPC export failed")
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later")
+            _abort_retryable(context, grpc.StatusCode.UNAVAILABLE,
+                             f"internal error: {type(e).__name__}; retry later", _RETRY_AFTER_S)
+        finally:
+            budget.release(len(raw))
         return reply
 
     handler = grpc.method_handlers_generic_handler(
         _SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(export, request_deserializer=None,
                                                                  response_serializer=None)})
-    limit = pipeline.settings.max_body_bytes
+    # grpc core answers RESOURCE_EXHAUSTED (retryable for OTLP exporters) for a message over its
+    # receive limit; up to twice our limit the handler answers the permanent INVALID_ARGUMENT
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-grpc"),
-                         options=[("grpc.max_receive_message_length", limit),
+                         # RPCs beyond what the in-flight budget can hold are refused by grpc core
+                         maximum_concurrent_rpcs=max(2 * max_workers, budget.max_bytes // limit),
+                         options=[("grpc.max_receive_message_length", 2 * limit),
                                   ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
     if tls:
@@ -139,6 +168,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
 
     app = FastAPI(title="relyscope OTLP/HTTP receiver", docs_url=None, redoc_url=None, openapi_url=None)
     limit = pipeline.settings.max_body_bytes
+    budget = pipeline.inflight
 
     def status_reply(code_http: int, grpc_code: grpc.StatusCode, message: str, is_json: bool,
                      headers=None) -> Response:
@@ -172,25 +202,50 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
         if declared and declared.isdigit() and int(declared) > limit:
             return status_reply(413, too_large,
                                 f"request body of {declared} bytes exceeds the limit of {limit} bytes", is_json)
+        held = [0]  # bytes of this request reserved in the in-flight budget
+        try:
+            return await _receive(request, ctype, is_json, declared, held)
+        finally:
+            budget.release(held[0])
+
+    def over_budget(is_json: bool) -> Response:
+        pipeline.stats.backpressure += 1
+        return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope in-flight byte budget exhausted; retry "
+                            "later", is_json, {"Retry-After": str(Backpressure.retry_after_s)})
+
+    async def _receive(request: Request, ctype, is_json: bool, declared, held: list[int]) -> Response:
+        """Read the body within the limit and the in-flight budget (the declared length is reserved
+        before reading; a chunked body is reserved as it streams in), then accept it."""
+        if declared and declared.isdigit():
+            if not budget.try_acquire(int(declared)):
+                return over_budget(is_json)
+            held[0] = int(declared)
         chunks, size = [], 0
         try:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    return status_reply(413, too_large, f"request body exceeds the limit of {limit} bytes", is_json)
+                    return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        f"request body exceeds the limit of {limit} bytes", is_json)
+                if size > held[0]:
+                    if not budget.try_acquire(size - held[0]):
+                        return over_budget(is_json)
+                    held[0] = size
                 chunks.append(chunk)
         except ClientDisconnect:
             return status_reply(400, grpc.StatusCode.INVALID_ARGUMENT, "client disconnected before the body ended",
                                 is_json)
-        body = b"".join(chunks)
+        return await _accept(request, b"".join(chunks), ctype, is_json)
+
+    async def _accept(request: Request, body: bytes, ctype, is_json: bool) -> Response:
         try:
             result = await run_in_threadpool(pipeline.accept, body, ctype, request.headers.get("content-encoding"))
             reply = encode_response(result, json=is_json)
         except OTLPRequestError as e:
             http_status, code = _error_codes(e)
             return status_reply(http_status, code, e.message, is_json)
-        except Backpressure:
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope spool full; retry later", is_json,
+        except Backpressure as e:
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"relyscope {e}; retry later", is_json,
                                 {"Retry-After": str(Backpressure.retry_after_s)})
         except OSError as e:
             return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", is_json,

@@ -543,6 +543,42 @@ class Spool:
         os.replace(tmp, final)
         self._fsync_dir()
 
+    def write_state(self, name: str, data: bytes) -> None:
+        """Replace the small state file ``name`` beside the segments, atomically and durably (temp +
+        fsync + rename + fsync of the directory), e.g. what the consumer needs to resume after
+        records it has committed. ``name`` must be a plain file name not used by the spool.
+
+        Raises:
+            ValueError: the spool is closed, or ``name`` is not a plain, free file name.
+            OSError: the file could not be written (the previous version stays in force).
+        """
+        if os.sep in name or name in (_CKPT_NAME, _LOCK_NAME) or name.startswith(".") or _SEG_RE.match(name) \
+                or name.endswith(".tmp"):
+            raise ValueError(f"bad state file name {name!r}")
+        with self._cv:
+            if self._closed:
+                raise ValueError("spool is closed")
+            final = os.path.join(self._dir, name)
+            fd = os.open(final + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(final + ".tmp", final)
+            self._fsync_dir()
+
+    def read_state(self, name: str) -> bytes | None:
+        """The content of state file ``name`` (see :meth:`write_state`), or None if there is none."""
+        try:
+            with open(os.path.join(self._dir, name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
     def _bytes_used_locked(self) -> int:
         return sum(s.size for s in self._segments)
 
@@ -572,6 +608,13 @@ class Spool:
                 if i < len(s.seqs) and s.seqs[i] <= self._durable_seq:
                     return max(0.0, (time.time_ns() - s.stamps[i]) / 1e9)
             return 0.0
+
+    @property
+    def failed(self) -> str | None:
+        """Why the spool refuses every append (a write or sync failed: the kernel may have dropped
+        unsynced pages, so only a restart, which re-scans the segments, makes it usable), or None."""
+        with self._cv:
+            return None if self._failed is None else str(self._failed)
 
     @property
     def committed_seq(self) -> int:

@@ -3,21 +3,32 @@
 | route | what |
 |---|---|
 | ``GET /metrics`` | Prometheus text format (private registry, see :mod:`relyscope.exporter.prom`) |
-| ``GET /healthz`` | liveness + store reachability, spool and queue figures |
+| ``GET /healthz`` | summary: ok / degraded / the readiness reason; store, spool, queue, quarantine figures |
+| ``GET /livez`` | liveness: 503 only when a restart is needed |
+| ``GET /readyz`` | readiness: 503 while new data would be refused (spool or disk full, starting, stopping) |
 | ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=`` |
-| ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&limit=``) |
-| ``GET /api/v1/sessions`` | trials grouped by conversation id (sessions spanning several traces) |
+| ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&trace_id=&task_id=``), cursor-paged (``limit``, ``cursor``) |
+| ``GET /api/v1/sessions`` | trials grouped by conversation id (sessions spanning several traces), cursor-paged |
 | ``GET /api/v1/history`` | one metric over time per group (``?metric=pass^1&agent=…``) |
 | ``GET /api/v1/spans`` | stored span counts (``?keys=true`` or ``?trace_id=`` adds the (trace, span) ids) |
 | ``POST /api/v1/outcomes`` | a (possibly late) outcome for a trial or trace: re-scores its group |
 | ``POST /api/v1/flush`` | finalize every open trace now and rescore (operators, tests, the demo) |
 
-All routes require ``Authorization: Bearer <token>`` when ``RELYSCOPE_AUTH_TOKEN`` is set.
+Every route is described by the OpenAPI page ``/docs`` (schema at ``/openapi.json``). Mistakes are
+refused with 422 and a reason, and change nothing stored: a mistyped outcome body, a trace id that
+is not 32 hex digits, an unknown metric, a malformed cursor.
+
+All routes require ``Authorization: Bearer <token>`` when ``RELYSCOPE_AUTH_TOKEN`` is set, the
+API description (``/docs``, ``/redoc``, ``/openapi.json``) included; the probes (``/livez``,
+``/readyz``, ``/healthz``) never do.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import json
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
@@ -29,26 +40,35 @@ from starlette.concurrency import run_in_threadpool
 from relyscope.collector.receivers import check_bearer
 from relyscope.exporter.prom import build_registry
 from relyscope.exporter.report import build_report
+from relyscope.scorers.profile import metric_keys
 from relyscope.store import StoreUnavailable
 
 if TYPE_CHECKING:
     from relyscope.pipeline import Pipeline
 
-__all__ = ["create_api_app", "OutcomeIn", "MAX_API_BODY_BYTES"]
+__all__ = ["create_api_app", "OutcomeIn", "MAX_API_BODY_BYTES", "TRACE_ID_PATTERN", "outcome_effect"]
 
 MAX_API_BODY_BYTES = 1 << 20  # the API takes small JSON bodies only
 
 
-class OutcomeIn(BaseModel):
-    """A posted outcome (metrics.md §6): exactly one of ``trial_id`` / ``trace_id``."""
+TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"  # OTLP/JSON trace id: 16 bytes as hex
 
-    model_config = {"extra": "forbid"}
-    trial_id: str | None = None
-    trace_id: str | None = None
+
+class OutcomeIn(BaseModel):
+    """A posted outcome (metrics.md §6): exactly one of ``trial_id`` / ``trace_id``.
+
+    Strict types: ``"success": "yes"`` or ``"score": "0.5"`` are refused (422), not coerced — a
+    mistyped field must not silently change a score. ``trace_id`` is 32 hex digits (not all
+    zero, the OTel invalid id), stored lowercase as the receivers store ids."""
+
+    model_config = {"extra": "forbid", "strict": True}
+    trial_id: str | None = Field(None, min_length=1, max_length=512)
+    trace_id: str | None = Field(None, pattern=TRACE_ID_PATTERN,
+                                 description="32 hex digits (OTLP/JSON form), case-insensitive")
     outcome: Literal["success", "failure", "unknown"] | None = None
     success: bool | None = None
     score: float | None = Field(None, ge=0, le=1)
-    source: str = "api"
+    source: str = Field("api", min_length=1, max_length=200)
     verifier: bool = Field(False, description="true: the application's own environment check (wins over the span)")
 
     @model_validator(mode="after")
@@ -61,13 +81,59 @@ class OutcomeIn(BaseModel):
                 self.outcome != ("success" if self.success else "failure"):
             raise ValueError(f"outcome {self.outcome!r} contradicts success={self.success}")
         if self.trace_id is not None:  # stored as lowercase hex, as the receivers store ids
-            self.trace_id = self.trace_id.strip().lower()
+            self.trace_id = self.trace_id.lower()
+            if self.trace_id == "0" * 32:
+                raise ValueError("trace_id of all zeros is the OpenTelemetry invalid trace id")
         return self
+
+
+def outcome_effect(posted_verifier: bool, outcome: str, trials: list) -> tuple[str, list[dict]]:
+    """What a just-stored post did, from the trials of its key with outcomes resolved (§6).
+
+    Returns ``(status, per-trial effect)``: ``recorded`` (it decides the outcome, or no trial is
+    finalized for the key yet), ``overridden_by_verifier`` (a non-verifier post that the span's
+    own verified outcome or a verifier post outranks: kept, no effect), or ``no_effect`` (an
+    ``unknown`` post: it never changes a known outcome)."""
+    effects = [{"trial_id": t.trial_id, "outcome": t.outcome, "outcome_source": t.outcome_source}
+               for t in trials]
+    if not trials:
+        return "recorded", effects
+    if outcome == "unknown":
+        return "no_effect", effects
+    # the post is the latest of its kind: a non-verifier post decides exactly when the resolved
+    # source is a posted one; anything else is the span's verified outcome or a verifier post
+    if not posted_verifier and not any((t.outcome_source or "").startswith("posted:") for t in trials):
+        return "overridden_by_verifier", effects
+    return "recorded", effects
+
+
+class _Cursor:
+    """Opaque keyset-paging cursors: the last key of a page, URL-safe base64 of JSON."""
+
+    @staticmethod
+    def encode(kind: str, last: str) -> str:
+        raw = json.dumps([kind, last], separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @staticmethod
+    def decode(kind: str, cursor: str | None) -> str | None:
+        if cursor is None:
+            return None
+        try:
+            k, last = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+            if k != kind or not isinstance(last, str):
+                raise ValueError
+        except (ValueError, TypeError, binascii.Error):
+            raise HTTPException(422, f"invalid cursor {cursor[:80]!r}: pass next_cursor of a previous "
+                                f"{kind} page unchanged") from None
+        return last
 
 
 def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI:
     """Build the management app around a running pipeline."""
-    app = FastAPI(title="relyscope", version="0.1.0")
+    # with auth on, the API description is behind the token too (routes added below)
+    app = FastAPI(title="relyscope", version="0.1.0", **({"docs_url": None, "redoc_url": None, "openapi_url": None}
+                                                         if token else {}))
     registry = build_registry(pipeline)
 
     @app.middleware("http")
@@ -81,6 +147,20 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         if not check_bearer(request.headers.get("authorization"), token):
             raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
 
+    if token:
+        from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(auth)])
+        def openapi_json() -> dict:
+            return app.openapi()
+
+        @app.get("/docs", include_in_schema=False, dependencies=[Depends(auth)])
+        def docs():
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="relyscope API")
+
+        @app.get("/redoc", include_in_schema=False, dependencies=[Depends(auth)])
+        def redoc():
+            return get_redoc_html(openapi_url="/openapi.json", title="relyscope API")
     from relyscope.exporter.shadow_api import shadow_router
 
     app.include_router(shadow_router(pipeline, auth))
@@ -89,19 +169,40 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/livez")
+    def livez(response: Response) -> dict:
+        """Liveness: 200 while the process works; 503 only when a restart is needed (a dead worker
+        thread, an unusable spool). A store outage or a full spool never fails it."""
+        dead = pipeline.liveness()
+        if dead:
+            response.status_code = 503
+        return {"status": "dead" if dead else "alive", "reason": dead}
+
+    @app.get("/readyz")
+    def readyz(response: Response) -> dict:
+        """Readiness: 200 while new data is accepted; 503 with the reason (``starting``,
+        ``stopping``, ``spool_full``, ``disk_full``, ``spool_write_failed``) otherwise."""
+        why = pipeline.readiness()
+        if why:
+            response.status_code = 503
+        return {"status": "not_ready" if why else "ready", "reason": why}
+
     @app.get("/healthz")
     def healthz(response: Response) -> dict:
-        """``ok``; ``degraded`` (200: the store is failing, data is spooled); ``spool_full`` and
-        ``starting`` (503: new data would be refused / not ready yet)."""
+        """Summary for people and monitors: ``ok``; ``degraded`` (200: the store is failing and
+        data is spooled, or records sit in quarantine); 503 with the readiness reason as status
+        (``starting``, ``stopping``, ``spool_full``, ``disk_full``, ``spool_write_failed``, or a
+        liveness failure) when new data would be refused."""
         spool = pipeline.spool
-        full = spool.bytes_used >= pipeline.settings.spool_max_bytes * 0.95
-        status = ("starting" if not pipeline.ready else "spool_full" if full
-                  else "degraded" if pipeline.last_error else "ok")
-        if status in ("starting", "spool_full"):
+        why = pipeline.readiness()
+        q_records, q_bytes = pipeline.quarantine_summary()
+        status = why or ("degraded" if pipeline.last_error or q_records else "ok")
+        if why:
             response.status_code = 503
         return {"status": status, "store": pipeline.store.dsn.split("@")[-1],
                 "spool_pending_records": spool.pending_records, "spool_bytes": spool.bytes_used,
-                "queue_depth": pipeline.queue_depth, "last_error": pipeline.last_error}
+                "queue_depth": pipeline.queue_depth, "last_error": pipeline.last_error,
+                "quarantine_records": q_records, "quarantine_bytes": q_bytes}
 
     @app.get("/api/v1/report", dependencies=[Depends(auth)])
     def report(agent: str | None = None, version: str | None = None, run_kind: str | None = None,
@@ -125,34 +226,66 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
 
     @app.get("/api/v1/trials", dependencies=[Depends(auth)])
     async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,
-                     limit: int = Query(1000, ge=1, le=100000)) -> dict:
+                     trace_id: str | None = Query(None, pattern=TRACE_ID_PATTERN,
+                                                  description="only the trials of this trace (32 hex)"),
+                     task_id: str | None = Query(None, description="only the trials of this task"),
+                     limit: int = Query(100, ge=1, le=1000, description="page size"),
+                     cursor: str | None = Query(None, description="next_cursor of the previous page")) -> dict:
+        """Finalized trials with their steps, ordered by trial id, one page at a time:
+        ``{"trials": [...], "total": n matching, "next_cursor": str | null}`` (null: last page)."""
+        after = _Cursor.decode("trials", cursor)
+        filters = {"agent": agent, "version": version, "run_kind": run_kind, "task_id": task_id,
+                   "trace_ids": [trace_id.lower()] if trace_id else None}
         try:
-            rows = await run_in_threadpool(pipeline.load_trials, agent=agent, version=version, run_kind=run_kind)
+            rows = await run_in_threadpool(pipeline.load_trials, **filters, after_trial_id=after, limit=limit + 1)
+            total = await run_in_threadpool(pipeline.store.count_trials, **filters)
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
-        return {"trials": [trial_to_dict(t) for t in rows[:limit]], "total": len(rows)}
+        page = rows[:limit]
+        nxt = _Cursor.encode("trials", page[-1].trial_id) if len(rows) > limit else None
+        return {"trials": [trial_to_dict(t) for t in page], "total": total, "next_cursor": nxt}
 
     @app.get("/api/v1/sessions", dependencies=[Depends(auth)])
     async def sessions_(agent: str | None = None, version: str | None = None,
-                        run_kind: str | None = None) -> dict:
+                        run_kind: str | None = None,
+                        limit: int = Query(100, ge=1, le=1000, description="sessions per page"),
+                        cursor: str | None = Query(None, description="next_cursor of the previous page")) -> dict:
+        """Trials grouped by conversation id, ordered by conversation id, one page at a time:
+        ``{"sessions": [...], "total": n sessions, "next_cursor": str | null}``."""
         from relyscope.trajectory import sessions
 
+        after = _Cursor.decode("sessions", cursor)
+        filters = {"agent": agent, "version": version, "run_kind": run_kind}
         try:
-            rows = await run_in_threadpool(pipeline.load_trials, agent=agent, version=version, run_kind=run_kind)
+            cids, total = await run_in_threadpool(pipeline.store.conversation_ids, **filters,
+                                                  after=after, limit=limit + 1)
+            page_ids = cids[:limit]
+            rows = await run_in_threadpool(pipeline.load_trials, **filters, conversation_ids=page_ids) \
+                if page_ids else []
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
+        grouped = sessions(rows)
         out = []
-        for cid, ts in sessions(rows).items():
+        for cid in page_ids:
+            ts = grouped.get(cid)
+            if not ts:
+                continue
             out.append({"conversation_id": cid, "n_trials": len(ts), "start_ns": ts[0].start_ns,
                         "end_ns": max(t.end_ns for t in ts),
                         "trials": [{"trial_id": t.trial_id, "trace_id": t.trace_id, "agent": t.agent_name,
                                     "status": t.status, "outcome": t.outcome, "start_ns": t.start_ns,
                                     "end_ns": t.end_ns, "actions": list(t.actions)} for t in ts]})
-        return {"sessions": out, "total": len(out)}
+        nxt = _Cursor.encode("sessions", page_ids[-1]) if len(cids) > limit else None
+        return {"sessions": out, "total": total, "next_cursor": nxt}
 
     @app.get("/api/v1/history", dependencies=[Depends(auth)])
     async def history(metric: str, agent: str | None = None, version: str | None = None,
                       run_kind: str | None = None, limit: int = Query(200, ge=1, le=10000)) -> dict:
+        """``{"metric", "points": [{agent, version, run_kind, time, value, ci, n_tasks}]}``, oldest
+        first. An unknown metric is 422 naming the valid keys (metrics.md §11)."""
+        valid = metric_keys(pipeline.settings.max_k)
+        if metric not in valid:
+            raise HTTPException(422, {"msg": f"unknown metric {metric[:80]!r}", "valid_metrics": valid})
         try:
             points = await run_in_threadpool(pipeline.store.score_history, metric, agent=agent,
                                              version=version, run_kind=run_kind, limit=limit)
@@ -161,11 +294,14 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         return {"metric": metric, "points": points}
 
     @app.get("/api/v1/spans", dependencies=[Depends(auth)])
-    async def spans(trace_id: str | None = None, keys: bool = False) -> dict:
+    async def spans(trace_id: str | None = Query(None, pattern=TRACE_ID_PATTERN,
+                                                 description="only the keys of this trace (32 hex)"),
+                    keys: bool = False) -> dict:
         try:
             out = await run_in_threadpool(pipeline.store.span_counts)
             if keys or trace_id:
-                out["keys"] = [list(k) for k in await run_in_threadpool(pipeline.store.span_keys, trace_id)]
+                out["keys"] = [list(k) for k in await run_in_threadpool(
+                    pipeline.store.span_keys, trace_id.lower() if trace_id else None)]
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         return out
@@ -174,16 +310,24 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     async def outcomes(body: OutcomeIn) -> dict:
         outcome = body.outcome or ("success" if body.success else "failure")
         kind, key = ("trial", body.trial_id) if body.trial_id else ("trace", body.trace_id)
+        """Store a (possibly late) outcome and rescore. Reply ``status``: ``recorded`` (it decides
+        the outcome, or its trial is not finalized yet: ``known`` false — a typo in an id shows up
+        so), ``overridden_by_verifier`` (kept, but the span's verified outcome or a verifier post
+        outranks it, metrics.md §6), ``no_effect`` (an ``unknown`` post). ``trials``: the
+        resolved outcome of each trial of the key after the post. 422: a mistyped body."""
+        outcome = body.outcome or ("success" if body.success else "failure")
+        kind, key = ("trial", body.trial_id) if body.trial_id else ("trace", body.trace_id)
         try:
             await run_in_threadpool(pipeline.store.insert_outcome, key, kind, outcome, body.score,
                                     body.source, verifier=body.verifier)
-            known = await run_in_threadpool(pipeline.store.trial_known, kind, key)
             await run_in_threadpool(pipeline.rescore, all_groups=True)
+            lookup = {"trial_ids": [key]} if kind == "trial" else {"trace_ids": [key]}
+            mine = await run_in_threadpool(pipeline.load_trials, **lookup)
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
-        # an outcome may legitimately arrive before its trial is finalized; "known" tells a caller
-        # whether it already applies (a typo in an id shows up as false)
-        return {"status": "recorded", "key_kind": kind, "key": key, "outcome": outcome, "known": known}
+        status, effects = outcome_effect(body.verifier, outcome, mine)
+        return {"status": status, "key_kind": kind, "key": key, "outcome": outcome, "known": bool(mine),
+                "trials": effects}
 
     @app.post("/api/v1/flush", dependencies=[Depends(auth)])
     async def flush(timeout_s: float = Query(30.0, gt=0, le=600)) -> dict:

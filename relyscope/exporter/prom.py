@@ -15,13 +15,18 @@ Reliability gauges are built at scrape time from the latest group scores:
   (1 = CI excludes 0 and |Δ| > ``RELYSCOPE_DRIFT_THRESHOLD``); live groups only.
 - ``relyscope_label_sets_folded{run_kind}``: (agent, version) label sets beyond
   ``RELYSCOPE_MAX_LABEL_SETS`` (default 50), scored together under ``agent="other",version="other"``.
+- ``relyscope_group_outcome_trials{agent,version,run_kind,outcome=success|failure|unknown}`` — trials
+  by resolved outcome (from the report sections: the last hour of a live group, all trials of an
+  offline import); a group whose trials are all ``unknown`` has no success metrics.
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
 ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
-``relyscope_backpressure_total``. No task, trial or trace id is ever a label.
+``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
+``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
+``relyscope_inflight_bytes``. No task, trial or trace id is ever a label.
 """
 
 from __future__ import annotations
@@ -57,7 +62,13 @@ class _ReliabilityCollector(Collector):
         by_window = getattr(scoring, "window_scores", None) or {getattr(scoring, "primary_window", "all"): p.scores}
         for window, scores in sorted(by_window.items()):
             self._group(window, scores, val, lo, hi, nt, tr)
-        yield from (val, lo, hi, nt, tr)
+        oc = GaugeMetricFamily("relyscope_group_outcome_trials", "Trials per group by resolved outcome "
+                               "(success, failure, unknown: unknown is counted, never dropped)",
+                               labels=["agent", "version", "run_kind", "outcome"])
+        for (agent, version, run_kind), ex in sorted(p.report_extras(p.scores).items()):
+            for outcome, n in (ex.get("outcomes") or {}).items():
+                oc.add_metric([agent, version, run_kind, outcome], n)
+        yield from (val, lo, hi, nt, tr, oc)
         yield from self._drift(getattr(scoring, "drift", None) or {})
         folded = GaugeMetricFamily("relyscope_label_sets_folded", "(agent, version) label sets beyond "
                                    "RELYSCOPE_MAX_LABEL_SETS scored together as agent=version='other'",
@@ -126,13 +137,23 @@ class _ReliabilityCollector(Collector):
         yield warn
         yield CounterMetricFamily("relyscope_trials_finalized", "Trials finalized (incl. re-finalized)", value=s.trials_finalized)
         yield CounterMetricFamily("relyscope_store_write_errors", "Failed ClickHouse writes", value=s.store_errors)
-        yield CounterMetricFamily("relyscope_backpressure", "Requests refused because the spool was full", value=s.backpressure)
+        yield CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal (spool full, in-flight byte budget)", value=s.backpressure)
         yield GaugeMetricFamily("relyscope_spool_bytes", "Bytes in the durable spool", value=p.spool.bytes_used)
         yield GaugeMetricFamily("relyscope_spool_max_bytes", "Capacity of the durable spool", value=p.settings.spool_max_bytes)
         yield GaugeMetricFamily("relyscope_spool_pending_records", "Spool records not yet committed", value=p.spool.pending_records)
         yield GaugeMetricFamily("relyscope_spool_oldest_age_seconds", "Age of the oldest uncommitted spool record", value=p.spool.oldest_pending_age_s)
         yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
         yield GaugeMetricFamily("relyscope_open_traces", "Traces buffered and not yet finalized", value=p.open_traces)
+        yield CounterMetricFamily("relyscope_finalized_traces_evicted", "Finalized traces evicted from the "
+                                  "late-span cache (by age or by RELYSCOPE_FINALIZED_CACHE_BYTES)", value=p.builder.evicted)
+        yield GaugeMetricFamily("relyscope_finalized_cache_bytes", "Estimated memory of the finalized traces kept "
+                                "for late spans", value=p.builder.retained_bytes)
+        yield GaugeMetricFamily("relyscope_inflight_bytes", "Request bytes the OTLP receivers hold now "
+                                "(bounded by RELYSCOPE_MAX_INFLIGHT_BYTES)", value=p.inflight.used)
+        q_records, q_bytes = p.quarantine_summary()
+        yield GaugeMetricFamily("relyscope_quarantine_records", "Spool records the store refused as unstorable, "
+                                "kept for `relyscope quarantine replay`", value=q_records)
+        yield GaugeMetricFamily("relyscope_quarantine_bytes", "Bytes held in quarantine", value=q_bytes)
         # drain write-latency samples into the histogram
         q = s.store_write_seconds
         for _ in range(len(q)):  # popleft is atomic: samples appended meanwhile are kept

@@ -8,7 +8,11 @@ spans plus the ``relyscope.*`` extension attributes scoring needs:
 - :func:`record_outcome`, :func:`record_confidence`, :func:`record_claimed_success` (on the
   innermost open agent run), :func:`record_decision` (on the current span);
 - :func:`set_redactor` — hook applied to content attributes before they are set;
-- :func:`configure` — SDK ``TracerProvider`` + OTLP exporter (the only SDK use);
+- :func:`configure` — SDK ``TracerProvider`` + OTLP exporter;
+- :class:`BaggageSpanProcessor` / :func:`task_baggage` — ``relyscope.task.id`` from OTel baggage
+  onto spans a framework creates (SDK ``SpanProcessor``, imported on first use);
+- :func:`post_outcome` / ``record_outcome(..., trace_id=…)`` — an outcome after the run, posted
+  to the sidecar's outcome API (stdlib ``urllib``); :func:`current_trace_id`;
 - ``relyscope.instrumentation.otlp_json.OTLPJsonFileExporter`` — OTLP/JSON lines file exporter.
 
 Provider choice: explicit ``tracer_provider=`` on a wrapper > the enclosing ``agent_run``'s provider
@@ -31,6 +35,7 @@ Example::
 from __future__ import annotations
 
 from relyscope.instrumentation._configure import configure
+from relyscope.instrumentation.outcomes import OutcomePostError, current_trace_id, post_outcome
 from relyscope.instrumentation._core import (
     AgentRunHandle,
     LlmCallHandle,
@@ -51,6 +56,12 @@ from relyscope.instrumentation._core import (
 
 __all__ = [
     "AgentRunHandle",
+    "BaggageSpanProcessor",
+    "OutcomePostError",
+    "TaskScope",
+    "current_trace_id",
+    "post_outcome",
+    "task_baggage",
     "LlmCallHandle",
     "Redactor",
     "SpanHandle",
@@ -67,3 +78,13 @@ __all__ = [
     "tool_call",
     "use_tracer_provider",
 ]
+
+
+def __getattr__(name: str):
+    # the baggage processor implements the SDK's SpanProcessor: imported on first use, so that
+    # importing the wrappers stays API-only
+    if name in ("BaggageSpanProcessor", "TaskScope", "task_baggage"):
+        from relyscope.instrumentation import baggage
+
+        return getattr(baggage, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -154,7 +155,19 @@ def _tracer(explicit: TracerProvider | None) -> trace.Tracer:
             provider = runs[-1].provider
     if provider is None:
         provider = _default_provider
-    return trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+    if provider is None:
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, trace.ProxyTracerProvider):  # no global provider yet: resolve per call
+            return provider.get_tracer(TRACER_NAME)
+    # SDK providers build a new Tracer (and instrumentation scope) per get_tracer call: one per
+    # provider is enough, and it is most of a wrapper's cost (bench/bench_instrumentation.py)
+    tracer = _TRACERS.get(provider)
+    if tracer is None:
+        tracer = _TRACERS[provider] = trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+    return tracer
+
+
+_TRACERS: "weakref.WeakKeyDictionary[TracerProvider, trace.Tracer]" = weakref.WeakKeyDictionary()
 
 
 def _resolved_provider(explicit: TracerProvider | None) -> TracerProvider | None:
@@ -788,23 +801,44 @@ def _run_span() -> Span:
 
 
 def record_outcome(
-    success: bool | None, *, score: float | None = None, source: str | None = None
-) -> None:
+    success: bool | None,
+    *,
+    score: float | None = None,
+    source: str | None = None,
+    trace_id: str | None = None,
+    trial_id: str | None = None,
+    api: str | None = None,
+    token: str | None = None,
+) -> dict | None:
     """Record the verified outcome on the innermost open :func:`agent_run` root span.
 
     ``relyscope.outcome`` = success (True) | failure (False) | unknown (None);
     ``relyscope.outcome.score`` (0–1) and ``relyscope.outcome.source`` when given. Works from inside
     nested tool/LLM spans. With no open agent_run it writes to the current span (a no-op if there
     is none). Raises ValueError if ``score`` is outside [0, 1] or NaN.
+
+    After the run has ended, pass ``trace_id=`` (``run.trace_id`` of the :class:`AgentRunHandle`,
+    ``scope.trace_id`` of :func:`~relyscope.instrumentation.baggage.task_baggage`) or
+    ``trial_id=``: the outcome is then posted to the sidecar's outcome API at ``api`` (default
+    ``http://127.0.0.1:9464``) as the application's verified outcome (``verifier: true``), and the
+    sidecar's reply is returned (see :func:`relyscope.instrumentation.outcomes.post_outcome`, which
+    raises ``OutcomePostError`` when the sidecar refuses or cannot be reached).
     """
     outcome = "unknown" if success is None else ("success" if bool(success) else "failure")
     checked = None if score is None else _unit_interval("score", score)
+    if trace_id is not None or trial_id is not None:
+        from relyscope.instrumentation.outcomes import DEFAULT_API, post_outcome
+
+        return post_outcome(outcome=outcome, trace_id=trace_id, trial_id=trial_id, score=checked,
+                            source=source or "record_outcome", verifier=True, api=api or DEFAULT_API,
+                            token=token)
     span = _run_span()
     span.set_attribute(sc.RS_OUTCOME, outcome)
     if checked is not None:
         span.set_attribute(sc.RS_OUTCOME_SCORE, checked)
     if source is not None:
         span.set_attribute(sc.RS_OUTCOME_SOURCE, str(source))
+    return None
 
 
 def record_confidence(q: float) -> None:

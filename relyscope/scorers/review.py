@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,7 +24,8 @@ from relyscope.scorers.graders import Grade, control_rates, grade_trial
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.replay_outcome import is_sandbox_miss
 
-__all__ = ["GroupReview", "review_group", "score_all", "calibration_bins", "policy_for", "score_reviewed"]
+__all__ = ["GroupReview", "review_group", "score_all", "calibration_bins", "policy_for", "score_reviewed",
+           "group_notes", "pass_hat_k_notes"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,9 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
                "recovery_rate": _nan_none(cr.recovery_rate), "loop_rate": _nan_none(cr.loop_rate),
                "irreversible_actions": cr.irreversible_actions, "tool_errors": cr.tool_errors}
 
-    # worst tasks: lowest per-task C_out = (2p̂−1)² (metrics.md §3), then most violations
+    # worst tasks: lowest success rate first (a task that always fails is the worst, though its
+    # C_out = (2p̂−1)² = 1 is perfect consistency), then lowest per-task C_out (metrics.md §3),
+    # then most violations
     per_task = collections.defaultdict(list)
     for t in trials:
         per_task[t.task_id].append(t)
@@ -106,11 +110,20 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         ys = [t.success for t in ts if t.success is not None and t.trial_id not in invalid]
         c_out = (2 * sum(ys) / len(ys) - 1) ** 2 if len(ys) >= 2 else None
         nviol = sum(len(grades[t.trial_id].violations) for t in ts)
-        worst.append({"task_id": task, "trials": len(ts), "successes": sum(ys) if ys else 0,
+        label = next((input_excerpt(t.task_input) for t in ts
+                      if t.task_id_source == "fingerprint" and t.task_input), None)
+        worst.append({"task_id": task, "label": label, "trials": len(ts), "known": len(ys),
+                      "successes": sum(ys) if ys else 0,
+                      "success_rate": _nan_none(sum(ys) / len(ys)) if ys else None,
                       "C_out": _nan_none(c_out) if c_out is not None else None, "violations": nviol,
                       "trace_ids": sorted({t.trace_id for t in ts})[:5]})
-    worst.sort(key=lambda w: (w["C_out"] if w["C_out"] is not None else 2.0, -w["violations"], w["task_id"]))
-    worst = [w for w in worst if (w["C_out"] is not None and w["C_out"] < 1) or w["violations"]][:n_worst]
+    worst.sort(key=lambda w: (w["success_rate"] if w["success_rate"] is not None else 2.0,
+                              w["C_out"] if w["C_out"] is not None else 2.0, -w["violations"], w["task_id"]))
+    worst = [w for w in worst if (w["success_rate"] is not None and w["success_rate"] < 1)
+             or (w["C_out"] is not None and w["C_out"] < 1) or w["violations"]][:n_worst]
+
+    outcomes = collections.Counter(t.outcome if t.outcome in ("success", "failure") else "unknown" for t in trials)
+    task_sources = collections.Counter(t.task_id_source for t in trials)
 
     extras = {
         "calibration": calibration_bins(
@@ -125,8 +138,63 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
         "fault_exposure": fault_exposure(trials),
         "control": control,
         "worst_tasks": worst,
+        "outcomes": {k: outcomes.get(k, 0) for k in ("success", "failure", "unknown")},
+        "task_id_sources": dict(sorted(task_sources.items())),
+        "notes": group_notes(trials, outcomes),
     }
     return GroupReview(grades=grades, severities=severities, invalid=invalid, extras=extras)
+
+
+_WS = re.compile(r"\s+")
+
+
+def input_excerpt(text: str, max_chars: int = 60) -> str:
+    """A readable excerpt of the input a fingerprinted task id is the hash of (for reports):
+    whitespace-collapsed, at most ``max_chars`` characters, ``…`` marking a cut."""
+    norm = _WS.sub(" ", text).strip()
+    return norm if len(norm) <= max_chars else norm[: max_chars - 1].rstrip() + "…"
+
+
+HOW_TO_GIVE_OUTCOMES = ("set relyscope.outcome on the run's root span (record_outcome(True) inside "
+                        "agent_run), or POST /api/v1/outcomes {\"trace_id\": …, \"success\": true} "
+                        "afterwards (relyscope.instrumentation.post_outcome)")
+HOW_TO_GIVE_TASK_IDS = ("set relyscope.task.id on the run's root span (agent_run(task_id=…), or baggage "
+                        "with relyscope.instrumentation.BaggageSpanProcessor)")
+
+
+def group_notes(trials: Sequence[Trial], outcomes: collections.Counter | None = None) -> list[str]:
+    """Plain-language notes about missing data in one group: no outcomes at all, every trial its
+    own task (no multi-trial metric can exist). Each says how to provide what is missing."""
+    notes = []
+    n = len(trials)
+    if outcomes is None:
+        outcomes = collections.Counter(t.outcome for t in trials)
+    if n and not outcomes.get("success", 0) and not outcomes.get("failure", 0):
+        notes.append(f"no outcomes: none of the {n} trials has a known outcome, so success_rate, "
+                     f"pass@k / pass^k, C_out and calibration are undefined — {HOW_TO_GIVE_OUTCOMES}")
+    elif outcomes.get("unknown", 0):
+        notes.append(f"{outcomes['unknown']} of {n} trials have an unknown outcome and are left out of "
+                     f"success metrics — {HOW_TO_GIVE_OUTCOMES}")
+    if n >= 2 and len({t.task_id for t in trials}) == n:
+        src = collections.Counter(t.task_id_source for t in trials).most_common(1)[0][0]
+        notes.append(f"every trial is its own task (task ids from: {src}), so no multi-trial metric "
+                     f"(pass^k for k ≥ 2, C_out, C_traj, C_res) can be computed — {HOW_TO_GIVE_TASK_IDS}")
+    return notes
+
+
+def pass_hat_k_notes(metrics: dict) -> list[str]:
+    """A note for each k where pass^k rises with k (pass^k of one task never rises with k): the
+    mean is over fewer tasks, only those with at least k trials with a known outcome (metrics.md §2)."""
+    notes = []
+    ks = sorted(int(m[5:]) for m in metrics if m.startswith("pass^") and m[5:].isdigit())
+    for a, b in zip(ks, ks[1:]):
+        va, vb = metrics[f"pass^{a}"], metrics[f"pass^{b}"]
+        if math.isnan(va.value) or math.isnan(vb.value) or vb.value <= va.value + 1e-12:
+            continue
+        notes.append(f"pass^{b} ({vb.value:.3f}) > pass^{a} ({va.value:.3f}): pass^{b} averages over the "
+                     f"{vb.n_tasks} tasks with at least {b} known trials, pass^{a} over {va.n_tasks}; "
+                     "compare pass^k only over tasks with n ≥ k")
+    return notes
 
 
 def fault_exposure(trials: Sequence[Trial]) -> dict | None:
@@ -167,6 +235,7 @@ def score_reviewed(trials: Sequence[Trial], policy: Policy | None = None, *, n_b
     rv = review_group(trials, pol)
     gs = score_group(trials, severities=rv.severities if pol is not None else None,
                      invalid=rv.invalid, n_boot=n_boot, seed=seed, max_k=max_k)
+    rv.extras["notes"] = rv.extras.get("notes", []) + pass_hat_k_notes(gs.metrics)
     return gs, rv
 
 

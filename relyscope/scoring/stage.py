@@ -279,7 +279,8 @@ class ScoreStage:
                 if name == self.primary_window or (g[2] == "offline"):
                     # window end: the latest trial end in it, so rescoring unchanged data
                     # writes the same row (the scores table is a ReplacingMergeTree on it)
-                    rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, self.settings.n_boot, name)
+                    rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, self.settings.n_boot, name,
+                                         stats_digest(st))
             if g[2] != "offline" and (changed or self._scored_since.get((g, "drift")) != window_start(now, 60)):
                 drift[g] = self._drift(ru, g, now, measured, members)
                 self._scored_since[(g, "drift")] = window_start(now, 60)
@@ -421,6 +422,7 @@ def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: 
     start = min((t.start_ns for t in trials), default=0) / 1e9
     end = max((t.end_ns for t in trials), default=0) / 1e9
     now = time.time()
+    inputs = score_inputs_digest(trials)
     rows = []
     for metric, mv in gs.metrics.items():
         rows.append({
@@ -429,12 +431,37 @@ def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: 
             "ci_low": mv.ci[0] if mv.ci else None, "ci_high": mv.ci[1] if mv.ci else None,
             "n_tasks": mv.n_tasks, "n_trials": mv.n_trials, "window_start": start,
             "window_end": end, "n_boot": n_boot, "params": json.dumps({"ci": 0.95, "seed": 0}),
-            "computed_at": now,
+            "computed_at": now, "inputs": inputs,
         })
     return rows
 
 
-def _window_rows(group: GroupKey, gs: GroupScore, since_s: int, end_s: float, n_boot: int, window: str) -> list[dict]:
+def score_inputs_digest(trials: list[Trial]) -> str:
+    """A short digest (16 hex) of what a group's scores were computed from: each trial's id,
+    revision, status, resolved outcome, outcome score and confidence. Part of the ``scores`` key:
+    re-scoring unchanged inputs replaces a row, changed inputs (a late verdict) add one."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in sorted(trials, key=lambda t: t.trial_id):
+        h.update(repr((t.trial_id, t.revision, t.status, t.outcome, t.outcome_score,
+                       t.confidence)).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]
+
+
+def stats_digest(st) -> str:
+    """A short digest (16 hex) of the per-task statistics a window's scores were computed from
+    (the incremental scorer's ``inputs`` of the ``scores`` key, as :func:`score_inputs_digest` is
+    the batch scorer's): unchanged statistics replace a row, changed ones add one."""
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(repr((st.task_ids, st.sums.tolist(), st.hist, st.trajectories)).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]
+
+
+def _window_rows(group: GroupKey, gs: GroupScore, since_s: int, end_s: float, n_boot: int, window: str,
+                 inputs: str = "") -> list[dict]:
     """Rows for the ``scores`` table of one window's scores (window bounds in Unix seconds)."""
     import json
     import math
@@ -447,5 +474,5 @@ def _window_rows(group: GroupKey, gs: GroupScore, since_s: int, end_s: float, n_
         "ci_low": mv.ci[0] if mv.ci else None, "ci_high": mv.ci[1] if mv.ci else None,
         "n_tasks": mv.n_tasks, "n_trials": mv.n_trials, "window_start": float(since_s), "window_end": end_s,
         "n_boot": n_boot, "params": json.dumps({"ci": 0.95, "seed": 0, "window": window}),
-        "computed_at": time.time(),
+        "computed_at": time.time(), "inputs": inputs,
     } for metric, mv in gs.metrics.items()]

@@ -17,6 +17,17 @@ Tables (database ``relyscope`` unless the DSN names one):
 - ``judgements`` — the optional LLM judge's evaluation per trial.
 
 Reads use ``FINAL`` so replaced rows never count twice.
+
+Errors (:mod:`relyscope.store.errors`): :class:`StoreUnavailable` is retryable (the store is down,
+or refused a write for a reason that passes), :class:`StoreRejected` permanent (the rows can never
+be stored). Span and trial inserts raise either; every other call raises StoreUnavailable only.
+
+Chaos hook (``fault_file``, ``RELYSCOPE_FAULT_STORE_DOWN_FILE``): while the file exists and is
+empty, every write fails and :meth:`Store.ping` answers False, as if the server were down (reads
+still answer, so tests can look at the store). A file holding JSON fails inserts with a ClickHouse-shaped error of the given code, while
+queries and the ping still answer, e.g. ``{"code": 241}`` (MEMORY_LIMIT_EXCEEDED: transient) or
+``{"code": 53, "match": "poison"}`` (TYPE_MISMATCH: permanent, only for inserts whose rows contain
+the string ``poison``); optional ``"tables": ["otel_traces"]`` limits it to those tables.
 """
 
 from __future__ import annotations
@@ -34,24 +45,31 @@ import clickhouse_connect
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
-__all__ = ["Store", "StoreUnavailable", "open_store", "resolve_dsn"]
+from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
 
-
-class StoreUnavailable(Exception):
-    """Retryable: the store could not be reached or refused the write."""
+__all__ = ["Store", "StoreError", "StoreUnavailable", "StoreRejected", "open_store", "resolve_dsn", "chdb_path"]
 
 
 _SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
 
 
-def resolve_dsn(dsn: str) -> str:
-    """Make a ``chdb://`` path absolute (``chdb:///./x`` and ``chdb://./x`` → ``chdb:///abs/x``)."""
+def chdb_path(dsn: str) -> str | None:
+    """The absolute data directory of an embedded ``chdb://`` DSN, relative paths read from the
+    current directory (``chdb:///./x`` and ``chdb://./x`` → ``$PWD/x``); None for other DSNs.
+    Creates nothing."""
     if dsn.startswith("chdb://") and not dsn.startswith("chdb://memory"):
         path = dsn[len("chdb://"):]
         if path.startswith("/./") or path.startswith("/../"):
             path = path[1:]
-        path = os.path.abspath(os.path.expanduser(path))
+        return os.path.abspath(os.path.expanduser(path))
+    return None
+
+
+def resolve_dsn(dsn: str) -> str:
+    """Make a ``chdb://`` path absolute (see :func:`chdb_path`) and create its directory."""
+    path = chdb_path(dsn)
+    if path is not None:
         os.makedirs(path, exist_ok=True)
         return "chdb://" + path
     return dsn
@@ -135,9 +153,9 @@ SCHEMA = [
         metric LowCardinality(String), value Nullable(Float64),
         ci_low Nullable(Float64), ci_high Nullable(Float64), n_tasks UInt32, n_trials UInt32,
         window_start DateTime64(3), window_end DateTime64(3), n_boot UInt32, params String,
-        computed_at DateTime64(3)
+        computed_at DateTime64(3), inputs String DEFAULT ''
     ) ENGINE = ReplacingMergeTree(computed_at)
-    ORDER BY (formula_set, agent, version, run_kind, metric, window_start, window_end)""",
+    ORDER BY (formula_set, agent, version, run_kind, metric, window_start, window_end, inputs)""",
     """CREATE TABLE IF NOT EXISTS {db}.judgements (
         trial_id String, name LowCardinality(String), score Nullable(Float64), label Nullable(String),
         explanation Nullable(String), model String, judged_at DateTime64(3)
@@ -165,6 +183,19 @@ SCHEMA = [
         scheduled_at DateTime64(3), finished_at Nullable(DateTime64(3)), version_ns UInt64
     ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY replay_id""",
 ]
+
+def _migrate(client, db: str) -> None:
+    """Bring tables created by an older version to the current schema (idempotent).
+
+    ``scores.inputs`` (a digest of the trials and outcomes a score was computed from) joined the
+    sorting key so that a re-scoring of the same window with different inputs (a late verdict)
+    adds a history point instead of replacing the earlier one."""
+    have = client.query("SELECT name FROM system.columns WHERE database = %(db)s AND table = 'scores'",
+                        parameters={"db": db}).result_rows
+    if have and "inputs" not in {r[0] for r in have}:
+        client.command(f"ALTER TABLE {db}.scores ADD COLUMN inputs String, MODIFY ORDER BY "
+                       "(formula_set, agent, version, run_kind, metric, window_start, window_end, inputs)")
+
 
 _SPAN_COLS = [
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
@@ -235,6 +266,7 @@ class Store:
             client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
             for ddl in SCHEMA:
                 client.command(ddl.format(db=self.db))
+            _migrate(client, self.db)
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
             if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
                 raise StoreUnavailable(
@@ -267,13 +299,42 @@ class Store:
                     pass
 
     # ---- writes ---------------------------------------------------------------------------------
-    def _insert(self, table: str, rows: list[list], cols: list[str]) -> None:
+    def _fault(self, table: str, rows: list[list]) -> None:
+        """The chaos hook (module docstring). Raises StoreUnavailable, or the driver's own
+        ``DatabaseError`` with a ``Code: N.`` message, so classification runs as for a real one."""
+        try:
+            with open(self.fault_file, "rb") as f:
+                raw = f.read()
+        except OSError:
+            return  # removed meanwhile
+        if not raw.strip():
+            raise StoreUnavailable(f"store down (fault injected by {self.fault_file})")
+        try:
+            spec = json.loads(raw)
+            code = int(spec["code"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreUnavailable(f"bad fault file {self.fault_file}: {e}") from None
+        if spec.get("tables") and table not in spec["tables"]:
+            return
+        if spec.get("match") and not any(spec["match"] in str(r) for r in rows):
+            return
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
+        from relyscope.store.errors import PERMANENT_CODES, TRANSIENT_CODES
+
+        name = PERMANENT_CODES.get(code) or TRANSIENT_CODES.get(code) or "INJECTED"
+        raise DatabaseError(f"Code: {code}. DB::Exception: fault injected by {self.fault_file}. ({name})")
+
+    def _insert(self, table: str, rows: list[list], cols: list[str], *, permanent: bool = False) -> None:
+        """Insert rows. Raises StoreUnavailable (retryable) or — with ``permanent=True`` only —
+        StoreRejected when the rows can never be stored (without it a data error is reported as
+        StoreUnavailable, as callers without a quarantine expect)."""
         if not rows:
             return
         t0 = time.perf_counter()
         try:
             if self.fault_file and os.path.exists(self.fault_file):
-                raise StoreUnavailable(f"store down (fault injected by {self.fault_file})")
+                self._fault(table, rows)
             with self._lock:
                 client = self._ready_client()
                 try:
@@ -282,17 +343,20 @@ class Store:
                     # a lone surrogate that slipped past decoding: a permanent error for this
                     # data, so repair (U+FFFD) and write once more rather than retry forever
                     client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols)
-        except StoreUnavailable:
+        except Exception as e:  # noqa: BLE001 - every driver failure is classified
             self.write_errors += 1
-            raise
-        except Exception as e:  # noqa: BLE001
-            self.write_errors += 1
-            raise StoreUnavailable(f"insert into {table} failed: {e}") from e
+            err = classify(e, f"insert into {table}")
+            if isinstance(err, StoreRejected) and not permanent:
+                err = StoreUnavailable(str(err), err.code)
+            if err is e:
+                raise
+            raise err from e
         finally:
             self.last_write_s = time.perf_counter() - t0
 
     def insert_spans(self, spans: Sequence[CanonicalSpan]) -> None:
-        """Store raw spans in ``otel_traces``."""
+        """Store raw spans in ``otel_traces``. Raises StoreUnavailable (retryable) or
+        StoreRejected (these spans can never be stored)."""
         rows = []
         for s in spans:
             rows.append([
@@ -306,10 +370,10 @@ class Store:
                 [l[0] for l in s.links], [l[1] for l in s.links], sorted(s.flags),
                 s.raw_end_ns if s.raw_end_ns is not None and s.raw_end_ns >= 0 else None,
             ])
-        self._insert("otel_traces", rows, _SPAN_COLS)
+        self._insert("otel_traces", rows, _SPAN_COLS, permanent=True)
 
     def insert_trials(self, trials: Iterable[Trial]) -> None:
-        """Store (or replace) trials."""
+        """Store (or replace) trials. Raises StoreUnavailable or StoreRejected."""
         now = time.time_ns()
         rows = []
         for i, t in enumerate(trials):
@@ -325,7 +389,7 @@ class Store:
                 json.dumps([dataclasses.asdict(e) for e in t.evaluations], ensure_ascii=True), now + i,
                 t.task_input,
             ])
-        self._insert("trials", rows, _TRIAL_COLS)
+        self._insert("trials", rows, _TRIAL_COLS, permanent=True)
 
     def insert_outcome(self, key: str, key_kind: str, outcome: str, score: float | None,
                        source: str, *, verifier: bool = False) -> None:
@@ -422,8 +486,8 @@ class Store:
             "SELECT DISTINCT TraceId FROM {db}.otel_traces WHERE TraceId IN %(ids)s", {"ids": ids})}
 
     def ping(self) -> bool:
-        """Whether the store answers (and no chaos fault file says it is down)."""
-        if self.fault_file and os.path.exists(self.fault_file):
+        """Whether the store answers (and no empty chaos fault file says it is down)."""
+        if self.fault_file and os.path.exists(self.fault_file) and not _nonempty(self.fault_file):
             return False
         try:
             return self.query("SELECT 1")[0][0] == 1
@@ -433,7 +497,8 @@ class Store:
     def score_history(self, metric: str, *, agent: str | None = None, version: str | None = None,
                       run_kind: str | None = None, limit: int = 200) -> list[dict]:
         """One metric over time (from the ``scores`` table): per group, the value, CI and task
-        count of every scoring that changed its window, oldest first (at most ``limit`` per group)."""
+        count of every scoring that changed its window or its inputs (a late outcome adds a point),
+        oldest first (at most ``limit`` per group, the newest)."""
         where, params = ["metric = %(m)s"], {"m": metric, "lim": limit}
         for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
             if val is not None:
@@ -451,6 +516,41 @@ class Store:
         """Whether a finalized trial exists for this trial id (``key_kind="trial"``) or trace id."""
         col = "trial_id" if key_kind == "trial" else "trace_id"
         return bool(self.query(f"SELECT count() FROM {{db}}.trials WHERE {col} = %(k)s", {"k": key})[0][0])
+
+    def count_trials(self, *, agent: str | None = None, version: str | None = None,
+                     run_kind: str | None = None, task_id: str | None = None,
+                     trace_ids: Iterable[str] | None = None) -> int:
+        """Number of trials (tombstones skipped) matching the filters of :meth:`load_trials`."""
+        where, params = ["status != 'superseded'"], {}
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind), ("task_id", task_id)):
+            if val is not None:
+                where.append(f"{col} = %({col})s")
+                params[col] = val
+        if trace_ids is not None:
+            where.append("trace_id IN %(tids)s")
+            params["tids"] = sorted(set(trace_ids)) or [""]
+        return int(self.query(f"SELECT count() FROM {{db}}.trials FINAL WHERE {' AND '.join(where)}",
+                              params)[0][0])
+
+    def conversation_ids(self, *, agent: str | None = None, version: str | None = None,
+                         run_kind: str | None = None, after: str | None = None,
+                         limit: int | None = None) -> tuple[list[str], int]:
+        """(distinct conversation ids of stored trials in order, ``> after``, at most ``limit``;
+        the number of all distinct conversation ids matching the filters)."""
+        where, params = ["status != 'superseded'", "conversation_id IS NOT NULL", "conversation_id != ''"], {}
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
+            if val is not None:
+                where.append(f"{col} = %({col})s")
+                params[col] = val
+        base = f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)}"
+        total = int(self.query(f"SELECT uniqExact(conversation_id) {base}", params)[0][0])
+        if after is not None:
+            base += " AND conversation_id > %(after)s"
+            params["after"] = after
+        sql = f"SELECT DISTINCT assumeNotNull(conversation_id) AS c {base} ORDER BY c"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [r[0] for r in self.query(sql, params)], total
 
     def span_counts(self) -> dict:
         """``{"spans": distinct stored spans, "rows": rows before dedup merges, "trials": n}``."""
@@ -479,11 +579,15 @@ class Store:
     def load_trials(self, *, agent: str | None = None, version: str | None = None,
                     run_kind: str | None = None, since_ns: int | None = None,
                     until_ns: int | None = None, trace_ids: Iterable[str] | None = None,
-                    trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None) -> list[Trial]:
+                    task_id: str | None = None, conversation_ids: Iterable[str] | None = None,
+                    trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None,
+                    after_trial_id: str | None = None, limit: int | None = None) -> list[Trial]:
         """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
-        outcome their spans carried (posted outcomes are resolved by the scorers, not here)."""
+        outcome their spans carried (posted outcomes are resolved by the scorers, not here).
+        Ordered by trial id; ``after_trial_id`` / ``limit`` page through them (keyset paging:
+        trial ids strictly greater than ``after_trial_id``, at most ``limit``)."""
         where, params = ["1"], {}
-        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind)):
+        for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind), ("task_id", task_id)):
             if val is not None:
                 where.append(f"{col} = %({col})s")
                 params[col] = val
@@ -499,12 +603,20 @@ class Store:
         if trial_ids is not None:
             where.append("trial_id IN %(trids)s")
             params["trids"] = sorted(set(trial_ids)) or [""]
+        if conversation_ids is not None:
+            where.append("conversation_id IN %(cids)s")
+            params["cids"] = sorted(set(conversation_ids)) or [""]
+        if after_trial_id is not None:
+            where.append("trial_id > %(after)s")
+            params["after"] = after_trial_id
         if task_ids is not None:
             where.append("task_id IN %(taskids)s")
             params["taskids"] = sorted(set(task_ids)) or [""]
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
         rows = self.query(sql, params)
         out = []
         for r in rows:
@@ -530,6 +642,13 @@ class Store:
             )
             out.append(t)
         return out
+
+
+def _nonempty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

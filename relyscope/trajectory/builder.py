@@ -18,10 +18,14 @@ Streaming rules (:class:`TrajectoryBuilder`):
   must skip superseded rows (:func:`sessions` does).
 - Exact re-sends (same trace id, span id and content) are ignored; a re-send with different content
   (e.g. a streamed span first exported without an end) replaces the earlier version.
-- Finalized traces are kept ``retain_s`` seconds to absorb late spans, then evicted; a span of an
-  evicted trace arriving within a further ``retain_s`` is not assembled (it is still stored by the
-  pipeline) and counted in :attr:`TrajectoryBuilder.dropped_late` — re-assembling it alone would
-  replace a full trial with a one-span fragment.
+- Finalized traces are kept ``retain_s`` seconds to absorb late spans — and at most
+  ``retain_bytes`` (estimated) of them, oldest evicted first (counted in
+  :attr:`TrajectoryBuilder.evicted`) — then evicted; a span of an evicted trace arriving within a
+  further ``retain_s`` is not assembled (it is still stored by the pipeline) and counted in
+  :attr:`TrajectoryBuilder.dropped_late` — re-assembling it alone would replace a full trial with
+  a one-span fragment. With ``forget_evicted=True`` an evicted trace is forgotten instead
+  (:meth:`TrajectoryBuilder.knows` answers False), for a caller that reloads the trace's stored
+  spans before adding a late one (the sidecar's pipeline does).
 
 Assembly rules (:func:`assemble`, a pure function of the set of spans — arrival order never
 matters):
@@ -264,6 +268,33 @@ def assemble(
     return trials
 
 
+def _enclosing_sems(root: str, members: list[str], spans: Spans, depth: dict[str, int]) -> list[SpanSemantics]:
+    """Semantics of the spans around a trial's root, nearest first: its ancestors among the
+    trace's spans up to the first agent or workflow span (an application's own span wrapping a
+    framework's agent span), or, under a virtual root, the trial's top-level spans in start
+    order. Their ``relyscope.task.id``, outcome and confidence count when the root has none."""
+    if not root:
+        return [spans[s][1] for s in sorted((m for m in members if depth.get(m) == 1),
+                                            key=lambda m: _order_key(spans, m))]
+    out, seen = [], {root}
+    parent = spans[root][0].parent_span_id
+    # up to the first agent/workflow span: that is another trial's root, whose values are its own
+    while parent and parent in spans and parent not in seen and spans[parent][1].op not in _AGENTISH:
+        seen.add(parent)
+        out.append(spans[parent][1])
+        parent = spans[parent][0].parent_span_id
+    return out
+
+
+def _pick_first(rsem: SpanSemantics, above: list[SpanSemantics], attr: str):
+    """``attr`` of the root's semantics, else of the nearest enclosing span that has it."""
+    for sem in (rsem, *above):
+        v = getattr(sem, attr)
+        if v is not None and v != "":
+            return v
+    return None
+
+
 def _step_action(sid: str, span: CanonicalSpan, sem: SpanSemantics, wrappers: set[str]) -> str | None:
     if sem.op is Op.LLM:
         return None if sid in wrappers else "llm"
@@ -377,17 +408,23 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         flags.add("missing_root")
         resource = allspans[0].resource if allspans else {}
 
+    above = _enclosing_sems(root, members, spans, depth)
+
     def pick(attr: str):
         v = getattr(rsem, attr)
         if v is not None:
             return v
+        for sem in above:  # the application's own span around the run (nearest first)
+            if getattr(sem, attr) is not None:
+                return getattr(sem, attr)
         for sem in reversed(outcome_sem):  # the root's value wins; else the latest span's
             if getattr(sem, attr) is not None:
                 return getattr(sem, attr)
         return None
 
-    if rsem.task_id:
-        task_id, task_src = str(rsem.task_id), "attribute"
+    task_attr = _pick_first(rsem, above, "task_id")
+    if task_attr:
+        task_id, task_src = str(task_attr), "attribute"
     elif first_input:
         task_id, task_src = task_fingerprint(first_input), "fingerprint"
     else:
@@ -433,6 +470,21 @@ class _Trace:
     finalized_at: float | None = None
     root_candidates: int = 0  # spans for which _is_root_candidate holds
     emitted: dict[_TrialKey, Trial] = field(default_factory=dict)
+    bytes: int = 0  # estimated memory (_span_bytes)
+    last_bytes: int = 0  # ``bytes`` when last finalized: what it counts in ``retained_bytes``
+
+
+_SPAN_BASE_BYTES = 700  # a buffered span, its semantics and its share of the emitted trial (measured)
+
+
+def _span_bytes(span: CanonicalSpan, sem: SpanSemantics) -> int:
+    """Estimated memory of one buffered span, bytes: a fixed part plus its large strings (tool
+    arguments and results count twice: they are in the emitted trial's steps too)."""
+    n = _SPAN_BASE_BYTES + len(span.name)
+    for v, times in ((sem.tool_arguments, 2), (sem.tool_result, 2), (sem.first_user_input, 1)):
+        if v is not None:
+            n += times * (len(v) if isinstance(v, (str, bytes)) else len(repr(v)))
+    return n
 
 
 def _key(t: Trial) -> _TrialKey:
@@ -451,16 +503,27 @@ class TrajectoryBuilder:
         root_timeout_s: seconds without a new span before a trace with no root candidate is
             finalized anyway (``incomplete`` when no root is found; default 300).
         retain_s: seconds a finalized trace is kept to absorb late spans (default 900).
+        retain_bytes: bound on the estimated memory of the finalized traces kept, bytes (None:
+            unbounded); the oldest are evicted first.
+        forget_evicted: forget evicted traces instead of dropping their late spans (module
+            docstring).
 
     Attributes:
         dropped_late: spans not assembled because their trace was already evicted.
+        evicted: finalized traces evicted (by age or by ``retain_bytes``).
+        retained_bytes: estimated memory of the finalized traces kept, bytes.
     """
 
-    def __init__(self, *, grace_s: float = 5.0, root_timeout_s: float = 300.0, retain_s: float = 900.0):
+    def __init__(self, *, grace_s: float = 5.0, root_timeout_s: float = 300.0, retain_s: float = 900.0,
+                 retain_bytes: int | None = None, forget_evicted: bool = False):
         self.grace_s = grace_s
         self.root_timeout_s = root_timeout_s
         self.retain_s = retain_s
+        self.retain_bytes = retain_bytes
+        self.forget_evicted = forget_evicted
         self.dropped_late = 0
+        self.evicted = 0
+        self.retained_bytes = 0
         self._traces: dict[str, _Trace] = {}
         self._open: set[str] = set()
         self._due: list[tuple[float, int, str]] = []  # (due time, seq, trace id); lazily invalidated
@@ -526,6 +589,9 @@ class TrajectoryBuilder:
                 tr.root_candidates -= 1
             if _is_root_candidate(span, sem):
                 tr.root_candidates += 1
+            if old is not None:
+                tr.bytes -= _span_bytes(*old)
+            tr.bytes += _span_bytes(span, sem)
             tr.spans[span.span_id] = (span, sem)
             touched[tid] = tr
             new += 1
@@ -533,7 +599,8 @@ class TrajectoryBuilder:
             tr.last_seen = now
             if not tr.dirty:
                 tr.dirty = True
-                self._finalized.pop(tid, None)
+                if self._finalized.pop(tid, None) is not None:
+                    self.retained_bytes -= tr.last_bytes
             self._open.add(tid)
             heapq.heappush(self._due, (self._due_at(tr), next(self._seq), tid))
         return new
@@ -550,11 +617,16 @@ class TrajectoryBuilder:
             out.extend(self._finalize(tid, tr, now))
         while self._finalized:
             tid, at = next(iter(self._finalized.items()))
-            if now - at < self.retain_s:
+            over = self.retain_bytes is not None and self.retained_bytes > self.retain_bytes
+            if now - at < self.retain_s and not over:
                 break
             del self._finalized[tid]
-            self._traces.pop(tid, None)
-            self._evicted[tid] = now
+            tr = self._traces.pop(tid, None)
+            if tr is not None:
+                self.retained_bytes -= tr.last_bytes
+            self.evicted += 1
+            if not self.forget_evicted:
+                self._evicted[tid] = now
         while self._evicted:
             tid, at = next(iter(self._evicted.items()))
             if now - at < self.retain_s:
@@ -574,8 +646,12 @@ class TrajectoryBuilder:
         tr.dirty = False
         tr.finalized_at = now
         self._open.discard(tid)
+        if tid in self._finalized:
+            self.retained_bytes -= tr.last_bytes
         self._finalized[tid] = now
         self._finalized.move_to_end(tid)
+        tr.last_bytes = tr.bytes
+        self.retained_bytes += tr.bytes
         # completeness is structural: a trial is incomplete when its root is missing (virtual root)
         trials = assemble(tid, tr.spans, complete=True, revision=tr.revision)
         emitted = {_key(t): t for t in trials}

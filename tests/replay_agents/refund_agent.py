@@ -8,8 +8,8 @@ outcome themselves (the refund line matches the order total); replays leave the 
 sidecar (side-effect equivalence, metrics.md §6 item 4).
 
 Usage:
-    python -m tests.agents.refund_agent prod  --otlp URL --effects FILE --version V --runs N
-    python -m tests.agents.refund_agent serve --otlp URL --effects FILE --version V --port P
+    python -m tests.replay_agents.refund_agent prod  --otlp URL --effects FILE --version V --runs N
+    python -m tests.replay_agents.refund_agent serve --otlp URL --effects FILE --version V --port P
 """
 
 from __future__ import annotations
