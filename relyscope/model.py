@@ -66,7 +66,8 @@ class CanonicalSpan:
     Ids are lowercase hex: ``trace_id`` 32 chars, ``span_id`` 16 chars, ``parent_span_id`` 16 chars
     or ``""`` for none. Times are Unix epoch nanoseconds; ``end_ns >= start_ns`` is guaranteed
     (an end before start is clamped to start and flagged ``end_before_start``; the raw end is kept
-    in ``raw_end_ns``). Attribute values are ``str | bool | int | float | bytes | list | dict``
+    in ``raw_end_ns``). ``dropped_attributes``: how many attributes (span and event) the
+    receiver's count limit dropped, never one that scoring reads. Attribute values are ``str | bool | int | float | bytes | list | dict``
     (OTLP arrays become lists, kvlists dicts). ``flags`` names repairs made at decode time
     (``end_before_start``, ``invalid_utf8``, ``empty_attribute``, ``truncated_attribute``,
     ``dropped_attributes``, ``missing_kind`` …).
@@ -90,6 +91,7 @@ class CanonicalSpan:
     trace_state: str = ""
     flags: frozenset[str] = frozenset()
     raw_end_ns: int | None = None
+    dropped_attributes: int = 0  # attributes the receiver's count limit dropped (flag dropped_attributes)
 
     @property
     def duration_ns(self) -> int:
@@ -164,6 +166,8 @@ class SpanSemantics:
     evaluations: tuple[Evaluation, ...] = ()
     first_user_input: str | None = None  # for the task fingerprint (metrics.md §1)
     requested_tool_calls: tuple[str, ...] = ()  # tool call ids a model call asked for
+    #: (call id, tool name, arguments) of the calls a model call asked for, where its output says
+    requested_tools: tuple[tuple[str, str | None, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +210,9 @@ class Trial:
     ``status`` is ``complete`` (root seen and ended), ``incomplete`` (root never arrived; scored
     for what it has, never mixed into success metrics) or ``superseded`` (a tombstone replacing
     the row of a provisional trial whose identity changed when its real root arrived; never read). ``wall_time_s`` in seconds, ``cost_usd``
-    in USD or None when no span reported cost, token counts are sums over model calls.
+    in USD or None when no span reported cost; token counts are sums over model calls (else over
+    the wrapping model call, else the agent span, where only those report usage), None when no span
+    reported any (flag ``partial_usage`` when only some model calls did: the sums are lower bounds).
     """
 
     trial_id: str
@@ -226,9 +232,9 @@ class Trial:
     start_ns: int
     end_ns: int
     steps: tuple[Step, ...]
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
+    input_tokens: int | None = None  # None: no span reported usage (unknown is not zero)
+    output_tokens: int | None = None
+    total_tokens: int | None = None
     cost_usd: float | None = None
     model_calls: int = 0
     tool_calls: int = 0

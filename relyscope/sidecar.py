@@ -81,6 +81,16 @@ class Sidecar:
         self._stopped = False
 
     def start(self) -> "Sidecar":
+        """Open the store, start the pipeline and every server. On any failure (a port in use, a
+        bad TLS file) everything already started is stopped and the store closed before the error
+        propagates (an embedded store left open crashed the process at exit)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "Sidecar":
         s = self.settings
         token = s.auth_token.get_secret_value() if s.auth_token else None
         self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True)

@@ -75,7 +75,7 @@ def test_default_policy_file_equals_builtin_defaults_and_documents_them() -> Non
     assert (p.max_sandbox_miss_rate, p.min_harness_agreement, p.max_infra_invalid_rate) == (0.10, 0.90, 0.10)
     assert p.block_on_critical and p.block_on_committed_forbidden
     assert p.metrics["success_rate"].max_regression == 0.05
-    assert set(p.metrics) == {"success_rate", "pass^3", "C_out", "R_Rob", "S_comp"}
+    assert set(p.metrics) == {"success_rate", "pass^3", "C_out", "R_Rob", "R_fault", "R_env", "R_prompt", "S_comp"}
     text = DEFAULT_GATE_POLICY_PATH.read_text(encoding="utf-8")
     for key in GatePolicy.model_fields:
         assert f"\n{key}:" in text, key  # every field is written out (and commented) in the file
@@ -241,6 +241,9 @@ def test_equal_suites_never_block(seed: int) -> None:
     r = evaluate_gate(side(b), side(c), GatePolicy())
     assert r.verdict == "pass"
     for key, d in r.deltas.items():
+        if key in ("R_env", "R_prompt"):  # no env / prompt replays in these suites: not measured
+            assert math.isnan(d.delta), key
+            continue
         assert d.delta == pytest.approx(0.0, abs=1e-12), key
         assert d.ci == pytest.approx((0.0, 0.0), abs=1e-12), key
     # fewer tasks than min_tasks: inconclusive, never block
@@ -382,7 +385,10 @@ def test_partial_policy_keeps_defaults_and_metrics_replace(tmp_path: Path) -> No
     assert load_gate_policy(_write(tmp_path, "")) == GatePolicy()
     p = load_gate_policy(_write(tmp_path, "min_tasks: 30\nmetrics:\n  pass^2: {max_regression: 0.1}\n  pass@1: {max_regression: 0.02}\n"))
     assert p.min_tasks == 30 and p.level == 0.95
-    assert set(p.metrics) == {"pass^2", "pass@1"} and p.metrics["pass^2"].higher_is_better
+    # the table changes the defaults key by key (a partial table used to drop the safety gate)
+    assert set(p.metrics) == set(GatePolicy().metrics) | {"pass^2", "pass@1"} and p.metrics["pass^2"].higher_is_better
+    q = load_gate_policy(_write(tmp_path, "metrics:\n  S_comp: null\n"))
+    assert "S_comp" not in q.metrics and "success_rate" in q.metrics
 
 
 def test_pass_at_k_and_pass_hat_k_gate_by_hand() -> None:

@@ -166,8 +166,11 @@ def test_c08_invalid_utf8_json_body_replaced_not_failed():
     assert "invalid_utf8" in tool.flags
     assert "invalid_utf8" not in spans["a1a1a1a1a1a1a1a1"].flags
     assert res.warnings["invalid_utf8"] == 1
-    # the second request of the case is a fragment (no resourceSpans): an empty, valid request
-    assert _send(reqs[1]).spans == []
+    # the second request of the case is a fragment (no resourceSpans): nothing this endpoint can
+    # read, so a clear 400 rather than a silent 200 (issue 11)
+    with pytest.raises(OTLPRequestError) as err:
+        _send(reqs[1])
+    assert err.value.http_status == 400 and "no resourceSpans" in err.value.message
 
 
 def test_c08_lone_surrogate_escape_replaced_and_reencodable():

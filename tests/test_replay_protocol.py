@@ -167,7 +167,7 @@ def test_unreachable_proxy_is_a_sandbox_miss_not_a_live_call():
 
 def test_replay_app_over_asgi():
     tp, _ = provider()
-    app = ReplayApp(lambda task: None, tracer_provider=tp)
+    app = ReplayApp(lambda task: None, tracer_provider=tp, exclusive=False)
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
@@ -182,3 +182,56 @@ def test_replay_app_over_asgi():
     assert bad.status_code == 400 and "task" in bad.json()["error"]
     assert garbage.status_code == 400
     assert health.json()["protocol"] == PROTOCOL
+
+
+def test_threads_the_agent_starts_cannot_escape_the_sandbox(proxy):
+    """Bug: a tool called from a thread the agent started (thread pool, run_in_executor) lost the
+    replay context and ran for real. In a sandbox process (ReplayApp's default) such a call is
+    answered by the one running replay's proxy."""
+    import concurrent.futures
+    import threading
+
+    from relyscope.instrumentation import replay as R
+
+    url = proxy([{"outcome": "result", "match": "exact", "result": {"ok": True}, "recorded": True}])
+    tp, _ = provider()
+    ran = []
+
+    @tool_call("issue_refund", side_effect="irreversible")
+    def issue_refund(amount):
+        ran.append(amount)
+        return {"ok": "for real"}
+
+    def agent(task):
+        with agent_run("a", tracer_provider=tp):
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:  # no context copied
+                out = list(pool.map(issue_refund, [1, 2]))
+            t = threading.Thread(target=lambda: out.append(issue_refund(3)))
+            t.start()
+            t.join()
+            return out
+
+    R.sandbox_process(True)
+    try:
+        run_replay(request(url), agent, tracer_provider=tp)
+        assert ran == []
+        # no replay running at all: a tool call in a sandbox process is refused, not run
+        with pytest.raises(SandboxMiss):
+            issue_refund(4)
+        assert ran == []
+    finally:
+        R.sandbox_process(False)
+    # a normal process: tools run for real outside replays
+    assert issue_refund(5) == {"ok": "for real"} and ran == [5]
+
+
+def test_replay_app_makes_its_process_a_sandbox():
+    from relyscope.instrumentation import replay as R
+
+    try:
+        ReplayApp(lambda task: None)
+        assert R._SANDBOX_PROCESS is True
+    finally:
+        R.sandbox_process(False)
+    ReplayApp(lambda task: None, exclusive=False)
+    assert R._SANDBOX_PROCESS is False

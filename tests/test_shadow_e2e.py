@@ -340,3 +340,50 @@ def test_no_side_effect_escapes_in_any_family_or_run_kind(tmp_path):
         assert prompts and all("ORD-10" in p for p in prompts)  # rewritten, ids kept
         canary = sc.trials(run_kind="canary")
         assert len(canary) == len(ids) and {t["perturbation_family"] for t in canary} == {"nominal", "prompt", "fault", "env"}
+
+
+def test_planning_a_trial_again_does_not_rerun_or_double_count(nominal_env):
+    """Bug: replaying the same trial again re-ran its finished replays under the same ids and the
+    shadow group counted 2K trials."""
+    sc, prod = nominal_env["sc"], nominal_env["prod"]
+    r = sc.post("/api/v1/shadow/replays", json={"trial_ids": [prod[0]["trial_id"]]})
+    assert r.status_code == 200 and r.json()["replay_ids"] == []
+    sc.flush()
+    assert len(sc.trials(run_kind="shadow")) == 4 * 3
+
+
+def test_replays_cut_off_by_a_kill_are_rerun_once_and_counted_once(tmp_path):
+    """kill -9 while replays run: after the restart the cut-off ones run again with a new trace id
+    and every replay counts exactly once (the cut-off attempt's trial is dropped)."""
+    import signal
+
+    fixed = {"RELYSCOPE_OTLP_GRPC": f"127.0.0.1:{free_port()}", "RELYSCOPE_OTLP_HTTP": f"127.0.0.1:{free_port()}",
+             "RELYSCOPE_API": f"127.0.0.1:{free_port()}"}  # the agent keeps exporting to the restarted sidecar
+    with world(tmp_path, ("1.0",), RELYSCOPE_SHADOW_K="6", RELYSCOPE_SHADOW_FAMILIES='["nominal"]',
+               RELYSCOPE_SHADOW_CONCURRENCY="1", **fixed) as w:
+        sc, effects = w.sc, w.effects
+        run_production(sc, effects, tasks=1, runs=1)
+        prod = sc.trials(run_kind="production")
+        w.agent("1.0")
+        ids = sc.post("/api/v1/shadow/replays", json={"trial_ids": [prod[0]["trial_id"]]}).json()["replay_ids"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # kill once some replays finished, others not yet
+            st = sc.post("/api/v1/shadow/status", json={"replay_ids": ids}).json()["by_status"]
+            if st.get("completed", 0) >= 1 or st.get("running"):
+                break
+            time.sleep(0.05)
+        sc.kill(signal.SIGKILL)
+        sc2 = start_sidecar(tmp_path, extra_env=sc.env)
+        w.sc = sc2
+        try:
+            wait_for_replays(sc2, ids, 120)
+            sc2.flush()
+            shadow = sc2.trials(run_kind="shadow")
+            assert len(shadow) == 6, [t["trace_id"] for t in shadow]
+            rows = [sc2.get(f"/api/v1/shadow/replays/{i}").json() for i in ids]
+            assert {r["status"] for r in rows} == {"completed"}
+            assert {t["trace_id"] for t in shadow} == {r["trace_id"] for r in rows}
+            g = next(g for g in sc2.report()["groups"] if g["run_kind"] == "shadow")
+            assert g["trials"] == 6
+        finally:
+            sc2.kill()

@@ -81,8 +81,12 @@ def test_worse_candidate_blocks_with_the_metric_named(gated):
     assert res["deltas"]["success_rate"]["baseline"] == 1.0 and res["deltas"]["success_rate"]["candidate"] == 0.0
     assert any(r["name"] == "success_rate" and r["verdict"] == "block" for r in res["reasons"])
     m = sc.get("/metrics").text
-    assert ('relyscope_gate_verdict{agent="",baseline="1.0",candidate="2.0",mode="shadow",verdict="block"} 1.0'
+    assert ('relyscope_gate_verdict{agent="refund-agent",baseline="1.0",candidate="2.0",mode="shadow",verdict="block"} 1.0'
             in m)
+    # what the experiment was, also when its checks passed
+    exp = res["experiment"]
+    assert exp["pending_replays"] == 0 and exp["sandbox"]["sandbox_misses"] == 0 and exp["sandbox"]["replays"] == 144
+    assert exp["harness"]["replays"] == 72 and exp["harness"]["agreeing"] == 72
 
 
 def test_table_output_names_verdict(gated):

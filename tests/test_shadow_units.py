@@ -3,6 +3,7 @@ the plan, the replay protocol and side-effect equivalence — values worked out 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -214,3 +215,41 @@ def test_harness_noise_is_not_drift_but_a_broken_sandbox_is():
     broken = HarnessStats(replays=64, agreeing=40, expected=57.6, variance=5.76)
     assert broken.relative_agreement_upper < 0.9                        # 0.763: drift
     assert HarnessStats(replays=10, agreeing=9).relative_agreement_upper == 0.9  # deterministic: exact
+
+
+def test_retry_of_a_position_matched_call_keeps_its_answer():
+    """Bug: an agent retrying (same arguments) after a fault on a position-matched call got a
+    sandbox miss: the retry counted as the tool's next call, beyond the recordings."""
+    s = session()
+    first = s.answer({"name": "issue_refund", "arguments": {"id": 1, "amount": 15}})
+    retry = s.answer({"name": "issue_refund", "arguments": {"id": 1, "amount": 15}})
+    assert first.envelope["match"] == retry.envelope["match"] == "position"
+    assert retry.envelope["outcome"] == "result" and s.summary()["misses"] == 0
+    # a different second call is still the tool's next distinct call: no recording left
+    assert s.answer({"name": "issue_refund", "arguments": {"id": 2, "amount": 9}}).envelope["outcome"] == "sandbox_miss"
+
+
+def test_a_crashed_replay_is_a_failure_and_equivalence_outranks_the_replays_own_verifier():
+    """Bugs: (1) a replay whose agent raised, on a read-only task, had the same (empty) side effects
+    as production and was graded success; (2) an agent's own verifier, checking a world the sandbox
+    never changed, decided its replays' outcomes."""
+    from relyscope.scorers.replay_outcome import apply_replay_outcomes
+
+    read_only = trial([step(1, "get_order", {"id": 1}, {"total": 30}, se="read")], tid="p", outcome="success")
+    crashed = dataclasses.replace(trial(read_only.steps, tid="r", outcome="unknown", run_kind="shadow", shadow_of="p"),
+                                  flags=frozenset({"root_error"}))
+    assert equivalence_outcome(crashed, read_only) == "failure"
+    self_judged = trial([], tid="r2", outcome="success", run_kind="shadow", shadow_of="t1")
+    self_judged = dataclasses.replace(self_judged, outcome_source="db_state")
+    posted = dataclasses.replace(self_judged, trial_id="r3", outcome_source="posted:user_feedback")
+    out = {t.trial_id: t for t in apply_replay_outcomes([self_judged, posted], {"t1": PROD})}
+    assert out["r2"].outcome == "failure" and out["r2"].outcome_source == "side_effect_equivalence"
+    assert out["r3"].outcome == "success"  # posted for the replay itself: kept
+
+
+def test_partial_gate_policy_changes_only_the_keys_it_names():
+    from relyscope.scorers.gate import parse_gate_policy
+
+    p = parse_gate_policy({"metrics": {"success_rate": {"max_regression": 0.1}, "C_out": None}})
+    assert p.metrics["success_rate"].max_regression == 0.1
+    assert "S_comp" in p.metrics and "C_out" not in p.metrics and "R_fault" in p.metrics

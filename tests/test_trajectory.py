@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relyscope.collector.normalize import normalize
-from relyscope.model import CanonicalSpan
+from relyscope.model import CanonicalSpan, Op
 from relyscope.trajectory import SUPERSEDED, TrajectoryBuilder, assemble, sessions
 
 T = "5b8efff798038103d269b633813fc60c"
@@ -303,8 +303,13 @@ def test_requested_tool_call_without_tool_span_is_flagged_until_it_arrives():
     b.add(pairs(agent("a", "", 0, 9), chat("b", "a", 1, 2, 5, 5, **{"gen_ai.output.messages": out_msgs}),
                 tool("c", "a", 3, 4, "get_order", "call_1")), now=0.0)
     t = only(b.poll(GRACE))
-    assert t.actions == ("llm", "get_order")
+    # the call with no tool span is still a step (a client-side tool: graded by the policy, D15),
+    # placed right after the model call that asked for it
+    assert t.actions == ("llm", "get_user", "get_order")
     assert t.steps[0].flags == frozenset({"missing_tool_span"}) and "missing_tool_span" in t.flags
+    assert t.steps[1].flags == frozenset({"missing_tool_span", "client_side"})
+    assert (t.steps[1].tool_call_id, t.steps[1].op, t.steps[1].arguments) == ("call_2", Op.TOOL, {})
+    assert t.tool_calls == 2
     b.add(pairs(tool("d", "a", 4, 5, "get_user", "call_2")), now=20.0)
     t2 = only(b.poll(20.0 + GRACE))
     assert t2.actions == ("llm", "get_order", "get_user") and t2.flags == frozenset()

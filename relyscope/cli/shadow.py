@@ -77,9 +77,13 @@ def list_(status: Optional[str] = typer.Option(None, help="only replays with thi
         print(json.dumps({"state": st.json(), **r.json()}, indent=2))
         return
     s = st.json()
+
+    def kv(d: dict) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"
+
     m.console.print(f"shadow: {'[yellow]paused[/yellow]' if s['paused'] else 'running'} · targets "
-                    f"{', '.join(f'{v} → {u}' for v, u in s['targets'].items()) or 'none'} · decisions "
-                    f"{s['decisions'] or '{}'} · replays {s['replays'] or '{}'}")
+                    f"{', '.join(f'{v} → {u}' for v, u in s['targets'].items()) or 'none'}\n"
+                    f"sample decisions: {kv(s['decisions'])}\nreplays: {kv(s['replays'])}")
     t = Table(title="replays")
     for c in ("replay", "of trial", "task", "version", "family", "status", "calls", "exact/pos", "miss", "faults", "side effects"):
         t.add_column(c)
@@ -100,12 +104,25 @@ def show(replay_id: str, api: str = _API, token: Optional[str] = _TOKEN) -> None
         m.err.print(f"[red]{_detail(r)}[/red]")
         raise typer.Exit(1 if r.status_code == 404 else 2)
     row = r.json()
-    m.console.print({k: v for k, v in row.items() if k != "calls"})
+    import datetime as _dt
+
+    def when(x):
+        return "—" if x is None else _dt.datetime.fromtimestamp(x, _dt.timezone.utc).isoformat(timespec="seconds")
+
+    head = Table(show_header=False, title=f"replay {row['replay_id']}")
+    for k in ("status", "error", "shadow_of", "task_id", "agent", "prod_version", "target_version", "run_kind",
+              "family", "strength", "seed", "trace_id", "input"):
+        if row.get(k) not in (None, ""):
+            head.add_row(k, str(row[k]))
+    head.add_row("scheduled / finished", f"{when(row.get('scheduled_at'))} / {when(row.get('finished_at'))}")
+    m.console.print(head)
     t = Table(title="tool calls")
     for c in ("#", "tool", "match", "answer", "side effect", "arguments"):
         t.add_column(c)
     for c in row["calls"]:
         ans = c["outcome"] + (f" ({c['fault']})" if c.get("fault") else "")
+        if c.get("env_transforms"):
+            ans += " env: " + ", ".join(c["env_transforms"])
         t.add_row(str(c["index"]), c["name"], c["match"], ans,
                   (c["side_effect"] or "?") + (" · recorded, not executed" if c["side_effecting"] else ""),
                   json.dumps(c["arguments"], default=str)[:80])
@@ -150,21 +167,21 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
                 m.err.print(f"[red]replays still open after {timeout_s:g} s: {st}[/red]")
                 raise typer.Exit(2)
             time.sleep(0.5)
-    m.console.print(f"replays finished: {st}")
+    m.console.print("replays finished: " + ", ".join(f"{k} {v}" for k, v in sorted(st.items())))
 
 
 @shadow_app.command("pause")
 def pause(api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """Pause automatic sampling and dispatch (replays in flight finish)."""
     r = _call("POST", api, "/api/v1/shadow/pause", token)
-    _cli().console.print(r.json())
+    _cli().console.print("shadow sampling and dispatch paused" if r.status_code == 200 else _detail(r))
 
 
 @shadow_app.command("resume")
 def resume(api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """Resume sampling and dispatch."""
     r = _call("POST", api, "/api/v1/shadow/resume", token)
-    _cli().console.print(r.json())
+    _cli().console.print("shadow sampling and dispatch resumed" if r.status_code == 200 else _detail(r))
 
 
 @shadow_app.command("samples")
@@ -214,9 +231,26 @@ def gate(baseline: str = typer.Option(..., "--baseline", help="the version in pr
 def render_gate(res: dict, console) -> None:
     """The verdict, its reasons and the per-metric deltas as tables."""
     colour = {"pass": "green", "block": "red", "inconclusive": "yellow", "error": "magenta"}[res["verdict"]]
-    console.print(f"gate {res.get('baseline')} → {res.get('candidate')} ({res.get('mode')}): "
+    console.print(f"gate {res.get('agent') or ''} {res.get('baseline')} → {res.get('candidate')} ({res.get('mode')}): "
                   f"[bold {colour}]{res['verdict'].upper()}[/bold {colour}]"
                   + (f" · needs ≈{res['needs_more_tasks']} more tasks" if res.get("needs_more_tasks") else ""))
+    exp = res.get("experiment") or {}
+    if exp.get("pending_replays"):
+        console.print(f"[yellow]warning: {exp['pending_replays']} replays of these versions are still scheduled or "
+                      "running: the verdict may still change (wait for `relyscope shadow list` to settle)[/yellow]")
+    checks = [f"shared tasks {res.get('shared_tasks')}"]
+    sb = exp.get("sandbox")
+    if sb and sb.get("replays"):
+        checks.append(f"sandbox misses {sb['sandbox_misses']} of {sb['replays']} replays "
+                      f"({sb['miss_rate']:.1%}, max {sb['max']:.0%})")
+    hv = exp.get("harness")
+    if hv:
+        checks.append(f"harness agreement {hv['agreeing']} of {hv['replays']} vs ≈{hv['expected']:.1f} expected "
+                      f"(relative {hv['relative_agreement']:.1%}, upper bound {hv['upper_bound']:.1%}, "
+                      f"min {hv['min']:.0%})")
+    elif exp:
+        checks.append("harness check not measured (no nominal replays of the incumbent)")
+    console.print("experiment: " + "; ".join(checks))
     t = Table(title="reasons")
     for c in ("kind", "name", "verdict", "message"):
         t.add_column(c)

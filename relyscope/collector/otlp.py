@@ -2,8 +2,11 @@
 
 This is the one place that sees OTLP (style.md lesson 4). It never crashes on bad input (lesson 12):
 a request that cannot be used at all raises :class:`OTLPRequestError` (a *permanent* error,
-lesson 13); a span that cannot be stored is rejected and counted with a reason (OTLP partial
-success); everything else is repaired and the repair is named in ``CanonicalSpan.flags``.
+lesson 13) — including a JSON body of another signal or with no ``resourceSpans`` (``{}`` is a
+valid empty request); a span that cannot be stored is rejected and counted with a reason (OTLP
+partial success); everything else is repaired and the repair is named in ``CanonicalSpan.flags``
+and, when something the client sent was dropped or altered (:data:`REPORTED_FLAGS`), reported
+back in the partial-success ``error_message`` with its span count.
 
 Shapes and units:
 
@@ -41,6 +44,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.unknown_fields import UnknownFieldSet
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -51,6 +55,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from relyscope.collector.normalize.versions import attribute_rank, never_truncate
 from relyscope.model import CanonicalSpan, SpanEvent
 
 __all__ = [
@@ -113,10 +118,16 @@ class Limits:
     Attributes:
         max_body_bytes: bytes, applied to the received body and again to the decompressed body
             (default 16 MiB). Over it: 413.
-        max_attributes: attributes kept per span / event / link (OTel SDK default
-            ``OTEL_ATTRIBUTE_COUNT_LIMIT`` = 128); the rest are dropped, flag ``dropped_attributes``.
-        max_attribute_length: characters kept per string value (``None``: unlimited, the SDK
-            default); longer strings are truncated, flag ``truncated_attribute``.
+        max_attributes: attributes kept per span / event (OTel SDK default
+            ``OTEL_ATTRIBUTE_COUNT_LIMIT`` = 128); over it, attributes are dropped (flag
+            ``dropped_attributes``, count in ``CanonicalSpan.dropped_attributes``) but never one
+            that scoring reads (:func:`relyscope.collector.normalize.versions.attribute_rank`,
+            which may keep a span over the limit), flattened message history first.
+        max_attribute_length: code points kept per string value (``None``: unlimited, the SDK
+            default); longer strings are truncated (flag ``truncated_attribute``), except the
+            identity and other exact values scoring reads
+            (:func:`~relyscope.collector.normalize.versions.never_truncate`: ids never merge).
+            Resource attributes are subject to neither limit.
         max_events: events kept per span (SDK default 128); flag ``dropped_events``.
     """
 
@@ -137,6 +148,59 @@ class Limits:
 _DEFAULT_LIMITS = Limits()
 _MAX_ERROR_MESSAGE_REASONS = 10
 
+#: Span flags meaning something the client sent was dropped or altered at decode time. Each is
+#: reported back in the reply (OTLP partial success ``error_message``; ``rejected_spans`` stays 0
+#: when no span was lost: a warning, as the OTLP spec allows) and counted
+#: (``relyscope_otlp_warnings_total{kind}``). Repairs that lose nothing (a missing kind, an end
+#: before the start whose raw value is kept, a value nested deeper than 32 kept as its OTLP/JSON
+#: text: ``attribute_too_deep``) are counted only.
+REPORTED_FLAGS: dict[str, str] = {
+    "invalid_attribute": "attributes not in OTLP's list-of-{key, value} shape, dropped",
+    "invalid_attribute_value": "attribute values of no OTLP AnyValue shape, dropped",
+    "dropped_attributes": "attributes over the count limit dropped, none that scoring reads",
+    "truncated_attribute": "string attributes cut to the length limit (ids never)",
+    "dropped_events": "events over the count limit, dropped",
+    "invalid_events": "events not in OTLP shape, dropped",
+    "invalid_link": "links with invalid ids, dropped",
+    "invalid_utf8": "invalid UTF-8 replaced by U+FFFD",
+    "invalid_time": "timestamps out of range, read as missing",
+    "invalid_kind": "unknown span kind, read as unspecified",
+    "invalid_status": "invalid status, read as unset",
+    "invalid_parent_span_id": "invalid parentSpanId, dropped",
+    "invalid_field_type": "fields of the wrong JSON type, dropped",
+    "invalid_resource": "resource not a JSON object, dropped",
+    "invalid_scope": "scope not a JSON object, dropped",
+}
+
+
+#: The subset reported for OTLP/protobuf: the limits and invalid UTF-8, what the receiver can
+#: check without converting a span (``validate_http`` must answer what ``decode_http`` does, at a
+#: fraction of its cost). The other flags (an out-of-range kind, status or time, a bad parent or
+#: link id: in protobuf only a broken encoder sends those) are counted by the worker's decode
+#: (``relyscope_otlp_warnings_total``), not reported.
+PB_REPORTED_FLAGS: frozenset[str] = frozenset({
+    "dropped_attributes", "truncated_attribute", "dropped_events", "invalid_utf8",
+})
+
+
+def _repair_summary(repaired: collections.Counter, attributes_dropped: int) -> str:
+    """``"accepted with repairs: 2 spans invalid_attribute (…); 1 span dropped_attributes (…,
+    7 attributes)"``, flags in name order; ``""`` when nothing was repaired."""
+    parts = []
+    for flag in sorted(repaired):
+        n = repaired[flag]
+        if n <= 0:
+            continue
+        desc = REPORTED_FLAGS[flag]
+        if flag == "dropped_attributes" and attributes_dropped:
+            desc += f", {attributes_dropped} attributes"
+        parts.append(f"{n} span{'' if n == 1 else 's'} {flag} ({desc})")
+    return "accepted with repairs: " + "; ".join(parts) if parts else ""
+
+
+def _compose(errors: Any, repaired: collections.Counter, attributes_dropped: int) -> str:
+    return "; ".join(m for m in (_join_errors(errors), _repair_summary(repaired, attributes_dropped)) if m)
+
 
 @dataclass
 class DecodeResult:
@@ -153,6 +217,8 @@ class DecodeResult:
         rejected_by_reason: ``rejected`` split by a short, bounded reason code (for a
             ``relyscope_spans_rejected_total{reason}`` counter): ``trace_id_missing``,
             ``trace_id_invalid``, ``trace_id_zero``, ``span_id_*``, ``malformed``, ``internal``.
+        repaired: accepted spans per :data:`REPORTED_FLAGS` flag (what was dropped or altered).
+        attributes_dropped: attributes the count limit dropped, over the accepted spans.
     """
 
     spans: list[CanonicalSpan] = field(default_factory=list)
@@ -160,10 +226,13 @@ class DecodeResult:
     errors: list[str] = field(default_factory=list)
     warnings: collections.Counter = field(default_factory=collections.Counter)
     rejected_by_reason: collections.Counter = field(default_factory=collections.Counter)
+    repaired: collections.Counter = field(default_factory=collections.Counter)
+    attributes_dropped: int = 0
 
     def error_message(self) -> str:
-        """Reasons joined by ``"; "`` (the first 10, then ``"… and N more"``); ``""`` if none."""
-        return _join_errors(self.errors)
+        """Reasons joined by ``"; "`` (the first 10, then ``"… and N more"``), then the repairs
+        made to accepted spans (:data:`REPORTED_FLAGS`, with counts); ``""`` if none."""
+        return _compose(self.errors, self.repaired, self.attributes_dropped)
 
 
 def _join_errors(errors: Any) -> str:
@@ -192,6 +261,7 @@ class Validation:
         decoded: the full :class:`DecodeResult` when validating needed it anyway (OTLP/JSON, whose
             reject reasons depend on the whole span walk), so the caller need not decode again;
             ``None`` for protobuf.
+        repaired, attributes_dropped: as :class:`DecodeResult`.
     """
 
     accepted: int = 0
@@ -199,16 +269,18 @@ class Validation:
     errors: tuple[str, ...] = ()
     rejected_by_reason: collections.Counter = field(default_factory=collections.Counter)
     decoded: DecodeResult | None = None
+    repaired: collections.Counter = field(default_factory=collections.Counter)
+    attributes_dropped: int = 0
 
     @classmethod
     def of(cls, result: DecodeResult) -> "Validation":
         """The reply fields of a full decode (``decoded`` is ``result``)."""
         return cls(len(result.spans), result.rejected, tuple(result.errors),
-                   result.rejected_by_reason, result)
+                   result.rejected_by_reason, result, result.repaired, result.attributes_dropped)
 
     def error_message(self) -> str:
         """As :meth:`DecodeResult.error_message`."""
-        return _join_errors(self.errors)
+        return _compose(self.errors, self.repaired, self.attributes_dropped)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -241,9 +313,10 @@ def _truncate(s: str, max_len: int | None, fl: set) -> str:
 class _Batch:
     """Accumulates accepted spans with last-wins de-duplication, rejections and warnings."""
 
-    __slots__ = ("spans", "index", "result")
+    __slots__ = ("spans", "index", "result", "reported")
 
-    def __init__(self) -> None:
+    def __init__(self, reported: Any = REPORTED_FLAGS) -> None:
+        self.reported = reported
         self.spans: list[CanonicalSpan | None] = []
         self.index: dict[tuple[str, str], int] = {}
         self.result = DecodeResult()
@@ -277,6 +350,14 @@ class _Batch:
     def finish(self) -> DecodeResult:
         r = self.result
         r.spans = [s for s in self.spans if s is not None]
+        for s in r.spans:
+            if s.flags:
+                for f in s.flags:
+                    if f in self.reported:
+                        r.repaired[f] += 1
+            r.attributes_dropped += s.dropped_attributes
+        if r.attributes_dropped:
+            r.warnings["attributes_dropped"] += r.attributes_dropped
         return r
 
 
@@ -320,10 +401,10 @@ def _internal(where: str, exc: BaseException, batch: _Batch) -> None:
 _SCALAR_ONEOFS = frozenset(("int_value", "double_value", "bool_value"))
 
 
-def _any_pb(v: Any, lim: Limits, fl: set, depth: int) -> Any:
+def _any_pb(v: Any, max_len: int | None, fl: set, depth: int) -> Any:
     w = v.WhichOneof("value")
     if w == "string_value":
-        return _truncate(v.string_value, lim.max_attribute_length, fl)
+        return _truncate(v.string_value, max_len, fl)
     if w in _SCALAR_ONEOFS:
         return getattr(v, w)
     if w is None:
@@ -331,13 +412,13 @@ def _any_pb(v: Any, lim: Limits, fl: set, depth: int) -> Any:
         return None
     if depth >= _MAX_DEPTH:
         fl.add("attribute_too_deep")
-        return None
+        return _truncate(_deep_text_pb(v), max_len, fl)
     if w == "array_value":
-        return [_any_pb(x, lim, fl, depth + 1) for x in v.array_value.values]
+        return [_any_pb(x, max_len, fl, depth + 1) for x in v.array_value.values]
     if w == "kvlist_value":
         out = {}
         for kv in v.kvlist_value.values:
-            out[kv.key] = _any_pb(kv.value, lim, fl, depth + 1)
+            out[kv.key] = _any_pb(kv.value, max_len, fl, depth + 1)
         return out
     if w == "bytes_value":
         return v.bytes_value
@@ -345,22 +426,25 @@ def _any_pb(v: Any, lim: Limits, fl: set, depth: int) -> Any:
     return None
 
 
-def _attrs_pb(kvs: Any, lim: Limits, fl: set) -> dict[str, Any]:
-    """OTLP KeyValue list -> dict (last duplicate key wins; over ``max_attributes`` dropped)."""
+def _deep_text_pb(v: Any) -> str:
+    """A value nested past ``_MAX_DEPTH``, kept as its OTLP/JSON text (nothing is dropped)."""
+    return json_format.MessageToJson(v, indent=None)
+
+
+def _attrs_pb(kvs: Any, lim: Limits, fl: set, drops: list | None = None) -> dict[str, Any]:
+    """OTLP KeyValue list -> dict (last duplicate key wins; over ``max_attributes``: see
+    :func:`_cap`). ``drops``: a one-element list the number of dropped attributes is added to."""
     out: dict[str, Any] = {}
     if not kvs:
         return out
-    max_n = lim.max_attributes
     max_len = lim.max_attribute_length
-    if len(kvs) > max_n:
-        return _attrs_pb_capped(kvs, lim, fl)
     for kv in kvs:
         v = kv.value
         # Hot path without WhichOneof: a non-empty string / non-zero int can only be the set member
         # of the oneof. Empty strings, zeros, doubles, bools and composites take the general path.
         x = v.string_value
         if x:
-            if max_len is not None and len(x) > max_len:
+            if max_len is not None and len(x) > max_len and not never_truncate(kv.key):
                 fl.add("truncated_attribute")
                 x = x[:max_len]
             out[kv.key] = x
@@ -369,20 +453,41 @@ def _attrs_pb(kvs: Any, lim: Limits, fl: set) -> dict[str, Any]:
         if x:
             out[kv.key] = x
             continue
-        out[kv.key] = _any_pb(v, lim, fl, 0)
+        out[kv.key] = _any_pb(v, None if max_len is None or never_truncate(kv.key) else max_len, fl, 0)
+    if len(out) > lim.max_attributes:
+        return _cap(out, lim.max_attributes, fl, drops)
     return out
 
 
-def _attrs_pb_capped(kvs: Any, lim: Limits, fl: set) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    max_n = lim.max_attributes
-    for kv in kvs:
-        key = kv.key
-        if len(out) >= max_n and key not in out:
-            fl.add("dropped_attributes")
-            continue
-        out[key] = _any_pb(kv.value, lim, fl, 0)
-    return out
+def _keep(keys: Any, max_n: int) -> set[str] | None:
+    """Keys an attribute-count limit keeps (``keys`` distinct, in first-seen order), or None for
+    all. Never drops a key scoring reads (rank 0 of :func:`attribute_rank`, even past ``max_n``);
+    fills the rest of the ``max_n`` slots with other keys in order, flattened message history
+    (rank 2) last — so the history's tail goes first, as the issue asks (D20)."""
+    keys = list(keys)
+    if len(keys) <= max_n:
+        return None
+    by_rank: tuple[list, list, list] = ([], [], [])
+    for k in keys:
+        by_rank[attribute_rank(k)].append(k)
+    kept = set(by_rank[0])
+    room = max_n - len(kept)
+    for k in by_rank[1] + by_rank[2]:
+        if room <= 0:
+            break
+        kept.add(k)
+        room -= 1
+    return kept
+
+
+def _cap(out: dict[str, Any], max_n: int, fl: set, drops: list | None) -> dict[str, Any]:
+    kept = _keep(out, max_n)
+    if kept is None:
+        return out
+    fl.add("dropped_attributes")
+    if drops is not None:
+        drops[0] += len(out) - len(kept)
+    return {k: v for k, v in out.items() if k in kept}
 
 
 def _pb_id(raw: bytes, n: int, zero: bytes, name: str) -> str:
@@ -423,14 +528,15 @@ def _span_pb(sp: Any, resource: dict, scope_name: str, scope_version: str, lim: 
     if not 0 <= code <= 2:
         fl.add("invalid_status")
         code = 0
-    attrs = _attrs_pb(sp.attributes, lim, fl)
+    drops = [0]
+    attrs = _attrs_pb(sp.attributes, lim, fl, drops)
     events: tuple[SpanEvent, ...] = ()
     if sp.events:
         evs = sp.events
         if len(evs) > lim.max_events:
             fl.add("dropped_events")
             evs = evs[: lim.max_events]
-        events = tuple(SpanEvent(e.name, _event_time(e.time_unix_nano, fl), _attrs_pb(e.attributes, lim, fl))
+        events = tuple(SpanEvent(e.name, _event_time(e.time_unix_nano, fl), _attrs_pb(e.attributes, lim, fl, drops))
                        for e in evs)
     links: tuple[tuple[str, str], ...] = ()
     if sp.links:
@@ -444,11 +550,11 @@ def _span_pb(sp: Any, resource: dict, scope_name: str, scope_version: str, lim: 
         links = tuple(lk)
     return CanonicalSpan(tid, sid, parent, sp.name, kind, start, end, code, st.message, attrs,
                          resource, scope_name, scope_version, events, links, sp.trace_state,
-                         frozenset(fl) if fl else _EMPTY_FLAGS, raw_end)
+                         frozenset(fl) if fl else _EMPTY_FLAGS, raw_end, drops[0])
 
 
 def _walk_pb(req: Any, lim: Limits, bad: _BadUtf8 | None = None) -> DecodeResult:
-    batch = _Batch()
+    batch = _Batch(PB_REPORTED_FLAGS)
     for ri, rs in enumerate(req.resource_spans):
         try:
             rfl: set[str] = set()
@@ -476,15 +582,18 @@ def _walk_pb(req: Any, lim: Limits, bad: _BadUtf8 | None = None) -> DecodeResult
                     batch.reject(f"span {pi} (scope {si}) of resource {ri}", rej.args[0], rej.code)
                 except Exception as exc:  # noqa: BLE001
                     _internal(f"span {pi} (scope {si}) of resource {ri}", exc, batch)
-    return batch.finish()
+    result = batch.finish()
+    if result.rejected and not result.spans:
+        _other_signal_pb(req)
+    return result
 
 
 # Resource attributes are not subject to the span attribute limits.
 _RESOURCE_LIMITS = Limits(max_attributes=1 << 30)
 
 
-def _validate_pb(req: Any) -> Validation:
-    """The reply fields of ``_walk_pb(req, ...)`` without building spans (see :class:`Validation`).
+def _validate_pb(req: Any, lim: Limits = _DEFAULT_LIMITS, bad: "_BadUtf8 | None" = None) -> Validation:
+    """The reply fields of ``_walk_pb(req, lim, bad)`` without building spans (see :class:`Validation`).
 
     Mirrors ``_walk_pb`` step for step. ``_walk_pb`` rejects a span (a) when ``_pb_id`` refuses its
     trace id, then its span id, or (b) ``internal`` when anything else in ``_span_pb`` raises, or
@@ -492,16 +601,20 @@ def _validate_pb(req: Any) -> Validation:
     reads fields of an already parsed message (total in upb), compares ints, converts attributes
     with a depth cap (no RecursionError) and builds slotted dataclasses without validation: it
     raises only MemoryError, so (b) is not reproduced per span; the resource conversion is redone
-    here (once per resource, cheap) to mirror it exactly.
+    here (once per resource, cheap) to mirror it exactly. The :data:`REPORTED_FLAGS` repairs of
+    each accepted span are recomputed by :func:`_report_pb` (the last copy of a duplicate counts).
     """
     rejected = 0
     errors: list[str] = []
     reasons: collections.Counter = collections.Counter()
-    keys: set[bytes] = set()
-    add = keys.add
+    keys: dict[bytes, tuple[frozenset[str], int]] = {}
+    clean = (_EMPTY_FLAGS, 0)
+    max_n, max_e = lim.max_attributes, lim.max_events
+    slow_all = lim.max_attribute_length is not None  # every value must be looked at
     for ri, rs in enumerate(req.resource_spans):
+        rfl: set[str] = set()
         try:
-            _attrs_pb(rs.resource.attributes, _RESOURCE_LIMITS, set())
+            _attrs_pb(rs.resource.attributes, _RESOURCE_LIMITS, rfl)
         except Exception as exc:  # noqa: BLE001 - as _walk_pb
             n = sum(len(ss.spans) for ss in rs.scope_spans)
             where, reason = f"resource {ri}", f"internal: {type(exc).__name__}"
@@ -512,12 +625,36 @@ def _validate_pb(req: Any) -> Validation:
                 reasons["internal"] += n
                 errors.extend(f"{where} span {i}: {reason}" for i in range(n))
             continue
+        if bad is not None and ri in bad.resources:
+            rfl.add("invalid_utf8")
         for si, ss in enumerate(rs.scope_spans):
+            sfl = rfl
+            if bad is not None and (ri, si) in bad.scopes:
+                sfl = rfl | {"invalid_utf8"}
             for pi, sp in enumerate(ss.spans):
                 tid = sp.trace_id
                 sid = sp.span_id
                 if len(tid) == 16 and len(sid) == 8 and tid != _Z16 and sid != _Z8:
-                    add(tid + sid)
+                    # fast path: nothing in this span can have been altered (the common case)
+                    if (not sfl and not slow_all and (bad is None or (ri, si, pi) not in bad.spans)
+                            and len(sp.attributes) <= max_n):
+                        evs = sp.events
+                        ok = True
+                        if evs:
+                            if len(evs) > max_e:
+                                ok = False
+                            else:
+                                for e in evs:
+                                    if len(e.attributes) > max_n:
+                                        ok = False
+                                        break
+                        if ok:
+                            keys[tid + sid] = clean
+                            continue
+                    fl = set(sfl)
+                    if bad is not None and (ri, si, pi) in bad.spans:
+                        fl.add("invalid_utf8")
+                    keys[tid + sid] = _report_pb(sp, lim, fl)
                     continue
                 try:
                     _pb_id(tid, 16, _Z16, "traceId")
@@ -526,7 +663,82 @@ def _validate_pb(req: Any) -> Validation:
                     rejected += 1
                     errors.append(f"span {pi} (scope {si}) of resource {ri}: {rej.args[0]}")
                     reasons[rej.code] += 1
-    return Validation(len(keys), rejected, tuple(errors), reasons)
+    if rejected and not keys:
+        _other_signal_pb(req)
+    repaired: collections.Counter = collections.Counter()
+    dropped = 0
+    for fl, n in keys.values():
+        if fl:
+            repaired.update(fl)
+            dropped += n
+    return Validation(len(keys), rejected, tuple(errors), reasons, None, repaired, dropped)
+
+
+def _report_pb(sp: Any, lim: Limits, fl: set) -> tuple[frozenset[str], int]:
+    """The :data:`PB_REPORTED_FLAGS` flags ``_span_pb`` would set on ``sp`` (``fl``: flags it
+    starts from) and the attributes its count limit drops, without converting any value."""
+    drops = [0]
+    _scan_attrs_pb(sp.attributes, lim, fl, drops)
+    if sp.events:
+        evs = sp.events
+        if len(evs) > lim.max_events:
+            fl.add("dropped_events")
+            evs = evs[: lim.max_events]
+        for e in evs:
+            _scan_attrs_pb(e.attributes, lim, fl, drops)
+    if not fl:
+        return _EMPTY_FLAGS, drops[0]
+    return frozenset(f for f in fl if f in PB_REPORTED_FLAGS), drops[0]
+
+
+def _scan_attrs_pb(kvs: Any, lim: Limits, fl: set, drops: list) -> None:
+    """The :data:`PB_REPORTED_FLAGS` flags of ``_attrs_pb(kvs, lim, fl, drops)`` (and the drop
+    count), reading no more than it must: values only under a length limit."""
+    if not kvs:
+        return
+    max_len = lim.max_attribute_length
+    if max_len is not None:  # with no length limit no value can be altered: nothing to read
+        for kv in kvs:
+            v = kv.value
+            x = v.string_value
+            if x:
+                if len(x) > max_len and not never_truncate(kv.key):
+                    fl.add("truncated_attribute")
+                continue
+            if not v.int_value:
+                _scan_any_pb(v, None if never_truncate(kv.key) else max_len, fl, 0)
+    if len(kvs) > lim.max_attributes:
+        seen = dict.fromkeys(kv.key for kv in kvs)
+        kept = _keep(seen, lim.max_attributes)
+        if kept is not None:
+            fl.add("dropped_attributes")
+            drops[0] += len(seen) - len(kept)
+
+
+def _scan_any_pb(v: Any, max_len: int | None, fl: set, depth: int) -> None:
+    """Flags of ``_any_pb(v, max_len, fl, depth)`` (same order of checks)."""
+    w = v.WhichOneof("value")
+    if w == "string_value":
+        if max_len is not None and len(v.string_value) > max_len:
+            fl.add("truncated_attribute")
+        return
+    if w in _SCALAR_ONEOFS or w is None:
+        return
+    if depth >= _MAX_DEPTH:
+        if max_len is not None and len(_deep_text_pb(v)) > max_len:
+            fl.add("truncated_attribute")
+        return
+    if w == "array_value":
+        for x in v.array_value.values:
+            _scan_any_pb(x, max_len, fl, depth + 1)
+        return
+    if w == "kvlist_value":
+        for kv in v.kvlist_value.values:
+            _scan_any_pb(kv.value, max_len, fl, depth + 1)
+        return
+    if w == "bytes_value":
+        return
+    fl.add("invalid_attribute_value")  # unreachable with a known schema, as in _any_pb
 
 
 # --- lenient protobuf: the same schema with every `string` field typed `bytes` ----------------
@@ -733,7 +945,7 @@ def _int64(v: Any) -> int | None:
     return None
 
 
-def _any_json(v: Any, cx: _JCtx, fl: set, depth: int) -> Any:
+def _any_json(v: Any, cx: _JCtx, fl: set, depth: int, max_len: int | None) -> Any:
     if not isinstance(v, dict):
         fl.add("invalid_attribute_value")
         return None
@@ -745,7 +957,7 @@ def _any_json(v: Any, cx: _JCtx, fl: set, depth: int) -> Any:
             cx.warn["snake_case_keys"] += 1
         if t == "s":
             if isinstance(x, str):
-                return _truncate(x, cx.lim.max_attribute_length, fl)
+                return _truncate(x, max_len, fl)
         elif t == "i":
             n = _int64(x)
             if n is not None and -(1 << 63) <= n < (1 << 63):
@@ -767,14 +979,14 @@ def _any_json(v: Any, cx: _JCtx, fl: set, depth: int) -> Any:
                 if b is not None:
                     return b
         elif depth >= _MAX_DEPTH:
-            fl.add("attribute_too_deep")
-            return None
+            fl.add("attribute_too_deep")  # kept as its OTLP/JSON text: nothing is dropped
+            return _truncate(_json.dumps({k: x}, ensure_ascii=False), max_len, fl)
         elif isinstance(x, dict):
             vals = x.get("values", ())
             if isinstance(vals, list):
                 if t == "a":
-                    return [_any_json(e, cx, fl, depth + 1) for e in vals]
-                return _attrs_json(vals, cx, fl, _KVLIST_NOLIMIT, depth + 1)
+                    return [_any_json(e, cx, fl, depth + 1, max_len) for e in vals]
+                return _attrs_json(vals, cx, fl, _KVLIST_NOLIMIT, depth + 1, max_len)
         fl.add("invalid_attribute_value")
         return None
     fl.add("empty_attribute")
@@ -784,13 +996,22 @@ def _any_json(v: Any, cx: _JCtx, fl: set, depth: int) -> Any:
 _KVLIST_NOLIMIT = 1 << 30
 
 
-def _attrs_json(kvs: Any, cx: _JCtx, fl: set, max_n: int, depth: int = 0) -> dict[str, Any]:
+_INHERIT: Any = object()
+
+
+def _attrs_json(kvs: Any, cx: _JCtx, fl: set, max_n: int, depth: int = 0, max_len: Any = _INHERIT,
+                drops: list | None = None) -> dict[str, Any]:
+    """OTLP/JSON KeyValue list -> dict. ``max_len``: the string length limit for every value
+    (nested kvlists inherit their key's); by default the limits' own, waived for the keys of
+    :func:`never_truncate`. Over ``max_n`` keys: :func:`_cap`."""
     out: dict[str, Any] = {}
     if not kvs:
         return out
     if not isinstance(kvs, list):
         fl.add("invalid_attribute")
         return out
+    per_key = max_len is _INHERIT
+    lim_len = cx.lim.max_attribute_length if per_key else max_len
     for kv in kvs:
         if not isinstance(kv, dict):
             fl.add("invalid_attribute")
@@ -799,9 +1020,9 @@ def _attrs_json(kvs: Any, cx: _JCtx, fl: set, max_n: int, depth: int = 0) -> dic
         if not isinstance(key, str):
             fl.add("invalid_attribute")
             continue
-        if len(out) >= max_n and key not in out:
-            fl.add("dropped_attributes")
-            continue
+        ml = lim_len
+        if per_key and ml is not None and never_truncate(key):
+            ml = None
         v = kv.get("value")
         if v is None:
             fl.add("empty_attribute")
@@ -811,7 +1032,6 @@ def _attrs_json(kvs: Any, cx: _JCtx, fl: set, max_n: int, depth: int = 0) -> dic
         if isinstance(v, dict) and len(v) == 1:
             x = v.get("stringValue")
             if type(x) is str:
-                ml = cx.lim.max_attribute_length
                 if ml is not None and len(x) > ml:
                     fl.add("truncated_attribute")
                     x = x[:ml]
@@ -821,7 +1041,9 @@ def _attrs_json(kvs: Any, cx: _JCtx, fl: set, max_n: int, depth: int = 0) -> dic
             if type(x) is str and len(x) < 19 and x.isdigit() and x.isascii():
                 out[key] = int(x)  # < 10**18 fits int64
                 continue
-        out[key] = _any_json(v, cx, fl, depth)
+        out[key] = _any_json(v, cx, fl, depth, ml)
+    if len(out) > max_n:
+        return _cap(out, max_n, fl, drops)
     return out
 
 
@@ -940,7 +1162,8 @@ def _span_json(sp: Any, resource: dict, scope_name: str, scope_version: str, cx:
         else:
             fl.add("invalid_status")
     lim = cx.lim
-    attrs = _attrs_json(sp.get("attributes"), cx, fl, lim.max_attributes)
+    drops = [0]
+    attrs = _attrs_json(sp.get("attributes"), cx, fl, lim.max_attributes, drops=drops)
     events: tuple[SpanEvent, ...] = ()
     evs = sp.get("events")
     if evs:
@@ -957,7 +1180,8 @@ def _span_json(sp: Any, resource: dict, scope_name: str, scope_version: str, cx:
                     continue
                 out.append(SpanEvent(_str(e.get("name"), fl),
                                      _event_time(_json_time(g(e, "timeUnixNano", "time_unix_nano"), fl), fl),
-                                     _attrs_json(e.get("attributes"), cx, fl, lim.max_attributes)))
+                                     _attrs_json(e.get("attributes"), cx, fl, lim.max_attributes,
+                                                 drops=drops)))
             events = tuple(out)
     links: tuple[tuple[str, str], ...] = ()
     lks = sp.get("links")
@@ -975,7 +1199,7 @@ def _span_json(sp: Any, resource: dict, scope_name: str, scope_version: str, cx:
     return CanonicalSpan(tid, sid, parent, _str(sp.get("name"), fl), kind, start, end, code, smsg,
                          attrs, resource, scope_name, scope_version, events, links,
                          _str(g(sp, "traceState", "trace_state"), fl),
-                         frozenset(fl) if fl else _EMPTY_FLAGS, raw_end)
+                         frozenset(fl) if fl else _EMPTY_FLAGS, raw_end, drops[0])
 
 
 def _repair_str(s: str) -> tuple[str, bool]:
@@ -1042,6 +1266,7 @@ def _walk_json(doc: Any, cx: _JCtx, slow: bool) -> DecodeResult:
         raise OTLPRequestError("OTLP/JSON body must be a JSON object")
     rss = cx.get(doc, "resourceSpans", "resource_spans")
     if rss is None:
+        _no_spans(doc)
         return batch.finish()
     if not isinstance(rss, list):
         raise OTLPRequestError("resourceSpans must be a JSON array")
@@ -1061,7 +1286,8 @@ def _walk_json(doc: Any, cx: _JCtx, slow: bool) -> DecodeResult:
                     if bad:
                         rfl.add("invalid_utf8")
                 if isinstance(res, dict):
-                    resource = _attrs_json(res.get("attributes"), cx, rfl, _KVLIST_NOLIMIT)
+                    # not subject to the span limits (as protobuf: _RESOURCE_LIMITS)
+                    resource = _attrs_json(res.get("attributes"), cx, rfl, _KVLIST_NOLIMIT, max_len=None)
                 else:
                     rfl.add("invalid_resource")
             sss = g(rs, "scopeSpans", "scope_spans")
@@ -1112,6 +1338,39 @@ def _walk_json(doc: Any, cx: _JCtx, slow: bool) -> DecodeResult:
                 except Exception as exc:  # noqa: BLE001
                     _internal(f"span {pi} (scope {si}) of {where_r}", exc, batch)
     return batch.finish()
+
+
+_OTHER_SIGNALS = {"resourceLogs": "logs", "resource_logs": "logs", "resourceMetrics": "metrics",
+                  "resource_metrics": "metrics", "resourceProfiles": "profiles",
+                  "resource_profiles": "profiles"}
+
+
+def _no_spans(doc: dict) -> None:
+    """A JSON object without ``resourceSpans``: ``{}`` is an empty (valid) request; anything else
+    holds nothing this endpoint reads and is refused (400), naming what it looks like."""
+    if not doc:
+        return
+    for k in doc:
+        sig = _OTHER_SIGNALS.get(k)
+        if sig:
+            raise OTLPRequestError(
+                f"this is an OTLP {sig} request ({k}), not traces: send it to /v1/{sig}")
+    keys = ", ".join(sorted(str(k) for k in doc)[:5])
+    raise OTLPRequestError(f"no resourceSpans in the OTLP/JSON traces request (keys: {keys})")
+
+
+def _other_signal_pb(req: Any) -> None:
+    """Called when no span of a protobuf request was accepted and some were rejected: when the
+    first of them holds fields no ``Span`` has, the body is another message (an OTLP metrics
+    request parses as spans with a metric name for a trace id): refused (400)."""
+    for rs in req.resource_spans:
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                if len(UnknownFieldSet(sp)):
+                    raise OTLPRequestError(
+                        "not an OTLP traces request: its spans hold fields no Span has (OTLP "
+                        "metrics or logs? send those to /v1/metrics, /v1/logs)")
+                return
 
 
 def decode_json(body: bytes | str, limits: Limits = _DEFAULT_LIMITS) -> DecodeResult:
@@ -1294,8 +1553,8 @@ def validate_http(body: bytes, content_type: str | None, content_encoding: str |
         body = _decompress(bytes(body), content_encoding, limits)
         if is_json:
             return Validation.of(decode_json(body, limits))
-        req, _bad = _parse_pb(body)
-        return _validate_pb(req)
+        req, bad = _parse_pb(body)
+        return _validate_pb(req, limits, bad)
     except OTLPRequestError:
         raise
     except Exception as exc:  # noqa: BLE001

@@ -150,7 +150,7 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
                          maximum_concurrent_rpcs=max(2 * max_workers, budget.max_bytes // limit),
                          options=[("grpc.max_receive_message_length", 2 * limit),
                                   ("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers((handler, *_signal_handlers(pipeline, token)))
     if tls:
         creds = grpc.ssl_server_credentials([(tls[1], tls[0])])
         port = server.add_secure_port(bind, creds)
@@ -160,6 +160,57 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
         raise RuntimeError(f"cannot bind OTLP/gRPC to {bind}")
     server.start()
     return server, port
+
+
+def _export_log_spans(pipeline: "Pipeline", body: bytes, is_json: bool):
+    """Logs request bytes → count, and hand the GenAI event records (as spans) to the traces path.
+    Raises OTLPRequestError / Backpressure / OSError as ``Pipeline.accept``."""
+    from relyscope.collector import signals
+
+    req = signals.decode_logs(body, is_json)
+    spans, joined, other = signals.logs_to_traces(req)
+    if spans is not None:
+        pipeline.accept(spans.SerializeToString(), _PROTO, None)
+    signals.counts_of(pipeline).add_logs(joined, other)
+
+
+def _export_metrics(pipeline: "Pipeline", body: bytes, is_json: bool) -> None:
+    from relyscope.collector import signals
+
+    signals.counts_of(pipeline).add_points(signals.count_metric_points(signals.decode_metrics(body, is_json)))
+
+
+def _signal_handlers(pipeline: "Pipeline", token: str | None) -> list:
+    """gRPC LogsService / MetricsService Export (OTLP logs and metrics: see
+    :mod:`relyscope.collector.signals`), with the error mapping of the traces service."""
+    from relyscope.collector import signals
+    from relyscope.pipeline import Backpressure
+
+    def make(fn, ok_reply):
+        def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            md = dict(context.invocation_metadata())
+            if not check_bearer(md.get("authorization"), token):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+            try:
+                fn(pipeline, raw, False)
+            except OTLPRequestError as e:
+                context.abort(_error_codes(e)[1], e.message)
+            except Backpressure:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "relyscope spool full; retry later")
+            except OSError as e:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}")
+            except Exception as e:  # noqa: BLE001 - a stage boundary
+                log.exception("OTLP/gRPC export failed")
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later")
+            return ok_reply
+        return grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)
+
+    return [
+        grpc.method_handlers_generic_handler("opentelemetry.proto.collector.logs.v1.LogsService",
+                                             {"Export": make(_export_log_spans, signals.logs_response(json=False))}),
+        grpc.method_handlers_generic_handler("opentelemetry.proto.collector.metrics.v1.MetricsService",
+                                             {"Export": make(_export_metrics, signals.metrics_response(json=False))}),
+    ]
 
 
 def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI:
@@ -255,5 +306,60 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
             return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later",
                                 is_json, {"Retry-After": str(_RETRY_AFTER_S)})
         return Response(reply, media_type=_JSON if is_json else _PROTO)
+
+    async def other_signal(request: Request, fn, reply) -> Response:
+        """``POST /v1/logs`` and ``/v1/metrics``: as ``/v1/traces`` for auth, content type, size and
+        encoding, then :mod:`relyscope.collector.signals`."""
+        from relyscope.collector.otlp import Limits, _decompress
+
+        ctype = request.headers.get("content-type")
+        is_json = wants_json(request)
+        if not check_bearer(request.headers.get("authorization"), token):
+            return status_reply(401, grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token", is_json,
+                                {"WWW-Authenticate": "Bearer"})
+        if (ctype or "").split(";")[0].strip().lower() not in _ACCEPTED_TYPES:
+            return status_reply(415, grpc.StatusCode.INVALID_ARGUMENT,
+                                f"unsupported Content-Type {ctype!r} (use application/x-protobuf or "
+                                "application/json)", is_json)
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return status_reply(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        f"request body exceeds the limit of {limit} bytes", is_json)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return status_reply(400, grpc.StatusCode.INVALID_ARGUMENT, "client disconnected before the body ended",
+                                is_json)
+        try:
+            body = _decompress(b"".join(chunks), request.headers.get("content-encoding"), Limits(max_body_bytes=limit))
+            await run_in_threadpool(fn, pipeline, body, is_json)
+        except OTLPRequestError as e:
+            http_status, code = _error_codes(e)
+            return status_reply(http_status, code, e.message, is_json)
+        except Backpressure:
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope spool full; retry later", is_json,
+                                {"Retry-After": str(Backpressure.retry_after_s)})
+        except OSError as e:
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", is_json,
+                                {"Retry-After": str(_RETRY_AFTER_S)})
+        except Exception as e:  # noqa: BLE001 - a stage boundary: never a bare 500 to the client
+            log.exception("OTLP/HTTP export failed")
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later",
+                                is_json, {"Retry-After": str(_RETRY_AFTER_S)})
+        return Response(reply(json=is_json), media_type=_JSON if is_json else _PROTO)
+
+    @app.post("/v1/logs")
+    async def logs(request: Request) -> Response:
+        from relyscope.collector import signals
+
+        return await other_signal(request, _export_log_spans, signals.logs_response)
+
+    @app.post("/v1/metrics")
+    async def metrics(request: Request) -> Response:
+        from relyscope.collector import signals
+
+        return await other_signal(request, _export_metrics, signals.metrics_response)
 
     return app

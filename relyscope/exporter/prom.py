@@ -131,6 +131,9 @@ class _ReliabilityCollector(Collector):
         for reason, n in sorted(s.rejected.items()):
             rej.add_metric([reason], n)
         yield rej
+        sig = getattr(self.p, "signal_counts", None)  # OTLP logs / metrics receivers
+        if sig is not None:
+            yield from sig.families()
         warn = CounterMetricFamily("relyscope_otlp_warnings", "Tolerated deviations and repairs, by kind", labels=["kind"])
         for kind, n in sorted(s.warnings.items()):
             warn.add_metric([kind], n)

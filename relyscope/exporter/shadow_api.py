@@ -61,7 +61,7 @@ def gates_json(results: dict, agent: str | None = None) -> list[dict]:
     """The latest gate result of each (agent, baseline, candidate, mode), as JSON, for the report."""
     out = []
     for (a, base, cand, mode), res in sorted(results.items()):
-        if agent is None or a in ("", agent):
+        if agent is None or a == agent:
             out.append({**res.to_json(), "agent": a or None, "baseline": base, "candidate": cand, "mode": mode})
     return out
 
@@ -124,7 +124,13 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
     def replay(replay_id: str) -> dict:
         import json
 
-        rows = _stage(pipeline).ledger.replays(replay_ids=[replay_id], with_calls=True, limit=1)
+        ledger = _stage(pipeline).ledger
+        rows = ledger.replays(replay_ids=[replay_id], with_calls=True, limit=1)
+        if not rows and len(replay_id) >= 6:  # a short id as `relyscope shadow list` prints it
+            ids = ledger.replay_ids_with_prefix(replay_id)
+            if len(ids) > 1:
+                raise HTTPException(409, f"replay id prefix {replay_id} is ambiguous: give more characters")
+            rows = ledger.replays(replay_ids=ids, with_calls=True, limit=1) if ids else []
         if not rows:
             raise HTTPException(404, f"no replay {replay_id}")
         row = rows[0]
@@ -145,10 +151,6 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         st = _stage(pipeline)
         rows = st.ledger.replays(replay_ids=body.replay_ids, limit=len(body.replay_ids))
         counts = Counter(r["status"] for r in rows)
-        running = sum(1 for r in rows if r["replay_id"] in st.running)
-        if running:
-            counts["scheduled"] -= running
-            counts["running"] += running
         return {"total": len(body.replay_ids), "by_status": {k: v for k, v in counts.items() if v}}
 
     @r.get("/api/v1/shadow/samples", dependencies=guarded)
@@ -185,9 +187,11 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
             raise HTTPException(404, str(e)) from None
         except StoreUnavailable as e:
             raise HTTPException(503, f"store unreachable: {e}") from None
+        res, experiment = res
         out = res.to_json()
-        out.update(baseline=baseline, candidate=candidate, agent=agent, mode=mode)
-        pipeline.gate_results[(agent or "", baseline, candidate, mode)] = res
+        out.update(baseline=baseline, candidate=candidate, agent=experiment["agent"], mode=mode,
+                   experiment=experiment)
+        pipeline.gate_results[(experiment["agent"], baseline, candidate, mode)] = res
         return out
 
     @r.get("/api/v1/gate", dependencies=guarded)

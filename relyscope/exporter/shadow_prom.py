@@ -2,7 +2,9 @@
 
 - ``relyscope_shadow_decisions_total{decision}`` — sample decisions (sampled, sampled_out,
   not_replayable, over_cap, manual) made by this process;
-- ``relyscope_shadow_replays_total{status}`` — replays scheduled / finished, by status;
+- ``relyscope_shadow_replays_scheduled_total{family}`` — replays planned, by perturbation family;
+- ``relyscope_shadow_replays_total{status}`` — replays finished, by status (completed, failed,
+  sandbox_miss, error, timeout, cancelled): each replay counted once;
 - ``relyscope_shadow_replays_running`` — replays in flight;
 - ``relyscope_shadow_proxy_calls_total{match}`` — tool-proxy answers by match (exact, position,
   live, sandbox_miss, none);
@@ -32,7 +34,8 @@ __all__ = ["ShadowCollector"]
 _VERDICTS = ("pass", "block", "inconclusive", "error")
 _KNOWN = {
     "decisions": ("sampled", "sampled_out", "not_replayable", "over_cap", "manual"),
-    "replays": ("scheduled", "completed", "failed", "sandbox_miss", "error", "timeout", "cancelled"),
+    "scheduled": ("nominal", "prompt", "fault", "env"),
+    "replays": ("completed", "failed", "sandbox_miss", "error", "timeout", "cancelled"),
     "proxy": ("exact", "position", "live", "sandbox_miss"),
     "faults": ("timeout", "http_500", "rate_limit", "network_error", "partial_response", "invalid_response",
                "empty_response"),
@@ -49,7 +52,8 @@ class ShadowCollector(Collector):
         if st is not None:
             for name, key, label, help_ in (
                 ("relyscope_shadow_decisions", "decisions", "decision", "Shadow sample decisions, by decision"),
-                ("relyscope_shadow_replays", "replays", "status", "Shadow replays scheduled and finished, by status"),
+                ("relyscope_shadow_replays_scheduled", "scheduled", "family", "Shadow replays planned, by family"),
+                ("relyscope_shadow_replays", "replays", "status", "Shadow replays finished, by status"),
                 ("relyscope_shadow_proxy_calls", "proxy", "match", "Tool-proxy answers, by match"),
                 ("relyscope_shadow_faults_injected", "faults", "type", "Faults injected into replays, by type"),
                 ("relyscope_shadow_side_effects_recorded", "side_effects_recorded", "side_effect",

@@ -563,7 +563,10 @@ class _AgentRun(_Scope):
         }
         attrs.update({k: str(v) for k, v in optional.items() if v is not None})
         if not _RUNS.get():  # the outermost run of a shadow replay says what it replays
-            attrs.update(_replay.replay_root_attributes())
+            extra = _replay.replay_root_attributes()
+            if sc.GEN_AI_AGENT_VERSION in attrs:  # the agent's own version wins over the target's key
+                extra.pop(sc.GEN_AI_AGENT_VERSION, None)
+            attrs.update(extra)
         return attrs
 
     def _after_start(self, handle: SpanHandle) -> None:

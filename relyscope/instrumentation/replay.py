@@ -133,6 +133,7 @@ class ReplayRequest:
     traceparent: str | None
     tool_proxy_url: str | None
     deadline_s: float = 60.0
+    target_version: str | None = None  # the agent version the sidecar sent this replay to
 
     @classmethod
     def from_json(cls, body: Any) -> ReplayRequest:
@@ -187,6 +188,9 @@ class ReplayRequest:
         strength = pert.get("strength")
         if strength is not None and not isinstance(strength, str):
             raise ReplayProtocolError("perturbation.strength: must be a string")
+        tv = body.get("target_version")
+        if tv is not None and (not isinstance(tv, str) or not tv):
+            raise ReplayProtocolError("target_version: a non-empty string or null")
         return cls(
             replay_id=text(body, "replay_id", ""),  # type: ignore[arg-type]
             run_kind=run_kind,
@@ -195,7 +199,7 @@ class ReplayRequest:
                             agent=task.get("agent") if isinstance(task.get("agent"), str) else None,
                             metadata=dict(meta)),
             family=family, strength=strength, seed=seed, traceparent=tp, tool_proxy_url=url,
-            deadline_s=float(deadline),
+            deadline_s=float(deadline), target_version=tv,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -207,7 +211,7 @@ class ReplayRequest:
                      "metadata": dict(self.task.metadata)},
             "perturbation": {"family": self.family, "strength": self.strength, "seed": self.seed},
             "traceparent": self.traceparent, "tool_proxy": {"url": self.tool_proxy_url},
-            "deadline_s": self.deadline_s,
+            "deadline_s": self.deadline_s, "target_version": self.target_version,
         }
 
 
@@ -272,15 +276,43 @@ class _ActiveReplay:
 
 _ACTIVE: ContextVar[_ActiveReplay | None] = ContextVar("relyscope_replay", default=None)
 
+# Replays running in this process (any thread). In a *sandbox process* (one that serves replays
+# only: ReplayApp's default) a tool call made outside every replay's context — a thread the agent
+# started, an executor without copied context — is attributed to the one running replay, or
+# refused when there are several or none: a side effect never runs for real by losing its context.
+_RUNNING: set[_ActiveReplay] = set()
+_RUNNING_LOCK = threading.Lock()
+_SANDBOX_PROCESS = False
 
-def current_replay() -> ReplayRequest | None:
-    """The replay running in this context, or None in production."""
-    active = _ACTIVE.get()
-    return active.request if active is not None else None
+
+def sandbox_process(enabled: bool = True) -> None:
+    """Declare this process a replay-only sandbox (see :class:`ReplayApp`, ``exclusive``): every
+    tool call through the wrappers is answered by a replay's tool proxy, never run for real."""
+    global _SANDBOX_PROCESS
+    _SANDBOX_PROCESS = bool(enabled)
 
 
 def _active() -> _ActiveReplay | None:
-    return _ACTIVE.get()
+    """The replay a tool call belongs to: this context's, else (sandbox process only) the single
+    replay running in the process. Raises SandboxMiss in a sandbox process when it cannot tell."""
+    active = _ACTIVE.get()
+    if active is not None or not _SANDBOX_PROCESS:
+        return active
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    if len(running) == 1:
+        return running[0]
+    raise SandboxMiss(
+        "this process serves shadow replays only and this tool call is outside any replay's context "
+        f"({len(running)} replays running): run threads with contextvars.copy_context().run(...) or "
+        "asyncio.to_thread; the call is refused, never run for real")
+
+
+def current_replay() -> ReplayRequest | None:
+    """The replay running in this context (or, in a sandbox process, the one running replay a
+    context-less tool call belongs to), or None in production."""
+    active = _active()
+    return active.request if active is not None else None
 
 
 def run_replay(request: ReplayRequest | Mapping[str, Any], agent: Callable[[ReplayTask], Any], *,
@@ -301,12 +333,16 @@ def run_replay(request: ReplayRequest | Mapping[str, Any], agent: Callable[[Repl
     token = otel_context.attach(ctx)
     active = _ActiveReplay(req)
     rtoken = _ACTIVE.set(active)
+    with _RUNNING_LOCK:
+        _RUNNING.add(active)
     status, error = "completed", None
     try:
         agent(req.task)
     except Exception as e:  # noqa: BLE001 - the agent's failure is the replay's result, not ours
         status, error = "failed", f"{type(e).__qualname__}: {e}"
     finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(active)
         _ACTIVE.reset(rtoken)
         otel_context.detach(token)
         active.close()
@@ -325,12 +361,18 @@ class ReplayApp:
     ``GET …/healthz`` answers ``{"status": "ok"}``. A body that is not a valid request gets 400
     with the field to fix; an oversize body (> ``max_body_bytes``) 413.
 
-    Mount it in the agent service (``app.mount("/relyscope", ReplayApp(run_agent))`` in FastAPI /
-    Starlette) or serve it alone with any ASGI server.
+    ``exclusive`` (default True) makes the process a replay-only sandbox
+    (:func:`sandbox_process`): a tool call that lost its replay context (a thread the agent
+    started) is answered by the one running replay's proxy or refused — never run for real. Serve
+    the replay target as its own deployment or process; pass ``exclusive=False`` only to mount it
+    into a service that also serves production traffic, and then keep every tool call in the
+    replay's context (``contextvars.copy_context().run``, ``asyncio.to_thread``).
     """
 
     def __init__(self, agent: Callable[[ReplayTask], Any], *, tracer_provider: Any = None,
-                 max_body_bytes: int = 1 << 20):
+                 max_body_bytes: int = 1 << 20, exclusive: bool = True):
+        if exclusive:
+            sandbox_process(True)
         self.agent = agent
         self.tracer_provider = tracer_provider
         self.max_body_bytes = max_body_bytes
@@ -390,7 +432,7 @@ def sandbox_answer(name: str, arguments: Any, call_id: str | None, side_effect: 
     tool), ``("body", text, …)`` (a partial / malformed / empty body fault: hand ``text`` to the
     agent as the tool's result). Raises the :class:`ToolFault` the agent must see (timeout, HTTP
     error, network error, :class:`SandboxMiss`). Call only while :func:`current_replay` is set."""
-    active = _ACTIVE.get()
+    active = _active()
     if active is None:
         raise RuntimeError("no replay is running")
     call = {"name": name, "arguments": arguments, "call_id": call_id, "side_effect": side_effect,
@@ -431,7 +473,10 @@ def sandbox_answer(name: str, arguments: Any, call_id: str | None, side_effect: 
 
 def replay_root_attributes() -> dict[str, Any]:
     """Attributes the outermost ``agent_run`` of a replay carries (conventions.md §2)."""
-    req = current_replay()
+    try:
+        req = current_replay()
+    except SandboxMiss:  # an agent run outside every replay's context: its tool calls are refused
+        return {}
     if req is None:
         return {}
     out: dict[str, Any] = {
@@ -441,4 +486,6 @@ def replay_root_attributes() -> dict[str, Any]:
     }
     if req.strength:
         out["relyscope.perturbation.strength"] = req.strength
+    if req.target_version:  # used when the agent states no version of its own (see agent_run)
+        out["gen_ai.agent.version"] = req.target_version
     return out

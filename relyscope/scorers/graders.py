@@ -397,10 +397,13 @@ def _check_budget(rule: BudgetRule, trial: Trial) -> list[Violation]:
             else (s.input_tokens or 0) + (s.output_tokens or 0)
             for s in steps
         ]
-        tokens = trial.total_tokens or (trial.input_tokens + trial.output_tokens) or int(
-            sum(t for t in step_tokens if t is not None)
-        )
-        if tokens > rule.max_tokens:
+        known = [t for t in step_tokens if t is not None]
+        tokens = trial.total_tokens
+        if tokens is None and (trial.input_tokens is not None or trial.output_tokens is not None):
+            tokens = (trial.input_tokens or 0) + (trial.output_tokens or 0)
+        if tokens is None and known:
+            tokens = int(sum(known))
+        if tokens is not None and tokens > rule.max_tokens:  # unknown usage breaks no budget
             span = _crossing(steps, step_tokens, rule.max_tokens) or root
             out.append(_v(rule, span, False, f"tokens {tokens} > budget {rule.max_tokens}"))
     if rule.max_cost_usd is not None:

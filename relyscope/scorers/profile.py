@@ -265,7 +265,7 @@ def score_group(
                 tr.wall_time_s,
                 float(tr.model_calls),
                 float(tr.tool_calls),
-                float(tr.total_tokens),
+                nan if tr.total_tokens is None else float(tr.total_tokens),
                 float(tr.tool_errors),
             )
         )

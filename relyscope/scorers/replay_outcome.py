@@ -58,7 +58,11 @@ def side_effect_signature(trial: Trial, policy_side_effects: Mapping[str, str] |
 
 
 def equivalence_outcome(replay: Trial, production: Trial, policy_side_effects: Mapping[str, str] | None = None) -> str | None:
-    """``success`` / ``failure`` / None for a replay against the production run it replays."""
+    """``success`` / ``failure`` / None for a replay against the production run it replays. A
+    replay whose run ended in error (flag ``root_error``: the agent raised) is a failure whatever
+    its side effects — a crash that happened to change nothing did not do the task."""
+    if "root_error" in replay.flags:
+        return "failure"
     same = side_effect_signature(replay, policy_side_effects) == side_effect_signature(production, policy_side_effects)
     if production.outcome == "success":
         return "success" if same else "failure"
@@ -74,12 +78,19 @@ def is_sandbox_miss(trial: Trial) -> bool:
 
 def apply_replay_outcomes(trials: Sequence[Trial], productions: Mapping[str, Trial],
                           policy_side_effects: Mapping[str, str] | None = None) -> list[Trial]:
-    """Fill the unknown outcome of each replay by equivalence with ``productions[t.shadow_of]``
-    (production trials with their outcomes already resolved). Other trials pass unchanged."""
+    """Grade each replay by equivalence with ``productions[t.shadow_of]`` (production trials with
+    their outcomes already resolved). Other trials pass unchanged.
+
+    Precedence for replays (a deliberate departure from the order of metrics.md §6): an outcome
+    *posted* for the replay itself wins (``outcome_source`` ``posted:…``); otherwise equivalence,
+    where it decides, wins over an outcome the replay's own spans carry — the application's
+    environment verifier checks a world the sandbox never changed, so its verdict on a replay is
+    not evidence. Where equivalence cannot decide, the span's outcome stays."""
     out = []
     for t in trials:
         prod = productions.get(t.shadow_of) if t.shadow_of else None
-        if prod is not None and t.outcome == "unknown" and t.status == "complete" and not is_sandbox_miss(t):
+        posted = (t.outcome_source or "").startswith("posted:")
+        if prod is not None and not posted and t.status == "complete" and not is_sandbox_miss(t):
             o = equivalence_outcome(t, prod, policy_side_effects)
             if o is not None:
                 t = dataclasses.replace(t, outcome=o, outcome_source=EQUIVALENCE_SOURCE)

@@ -373,11 +373,15 @@ class ScoreStage:
         for t in trials:
             by_group[(t.agent_name, t.agent_version, t.run_kind)].append(t)
         if all_groups:
-            groups = set(by_group)
+            groups = set(by_group) | set(self.scores)
         rows, grade_rows = [], []
         scores = dict(self.scores)
         for g in groups:
             if g not in by_group:
+                # no trial left (e.g. a nested agent scored as a provisional root, superseded when
+                # the real root arrived): no ghost group in the report and on /metrics
+                scores.pop(g, None)
+                self._extras.pop(g, None)
                 continue
             gs, rv = score_reviewed(by_group[g], self.policy, n_boot=self.settings.n_boot, seed=0,
                                     max_k=self.settings.max_k)

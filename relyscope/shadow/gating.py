@@ -55,12 +55,15 @@ def gate_side(trials: Sequence[Trial], policy: Any, label: str) -> GateSide:
 
 def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, candidate: str,
              policy: GatePolicy, safety_policy: Any = None, agent: str | None = None,
-             mode: str = "shadow") -> GateResult:
+             mode: str = "shadow") -> tuple[GateResult, dict[str, Any]]:
     """Gate ``candidate`` against ``baseline`` (agent versions).
 
     ``load(agent=…, version=…, run_kind=…)`` returns trials with outcomes resolved (metrics.md §6,
     replays by side-effect equivalence) — the pipeline's loader. ``agent``: needed when several
-    agents have these versions. Raises UnknownVersion, ValueError (bad mode), StoreUnavailable.
+    agents have these versions. Returns ``(result, experiment)``: the verdict, and what the
+    experiment was — agent, run kinds, sandbox-miss and harness figures (also when they passed),
+    and ``pending_replays`` (replays of either version still scheduled or running: the verdict may
+    still move). Raises UnknownVersion, ValueError (bad mode), StoreUnavailable.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -86,9 +89,11 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
     b_side = gate_side(sides["baseline"], safety_policy, "baseline")
     c_side = gate_side(sides["candidate"], safety_policy, "candidate")
     sandbox = harness = None
+    a = agent or sides["candidate"][0].agent_name
+    experiment: dict[str, Any] = {"agent": a, "run_kinds": {"baseline": base_kind, "candidate": cand_kind},
+                                  "pending_replays": 0, "sandbox": None, "harness": None}
     if mode == "shadow":
         ledger = ShadowLedger(store)
-        a = agent or sides["candidate"][0].agent_name
         n_b, m_b = ledger.sandbox_stats(baseline, agent=a)
         n_c, m_c = ledger.sandbox_stats(candidate, agent=a)
         sandbox = SandboxStats(replays=n_b + n_c, sandbox_misses=m_b + m_c)
@@ -103,7 +108,19 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
         hc = harness_check(replays, prods, rates)
         harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing, expected=min(hc.expected, hc.replays),
                                variance=hc.variance) if hc.replays else None
-    return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness)
+        pending = [r for v in (baseline, candidate)
+                   for r in ledger.replays(status=("scheduled", "running"), target_version=v, agent=a, limit=100_000)]
+        experiment["pending_replays"] = len(pending)
+        experiment["sandbox"] = {"replays": sandbox.replays, "sandbox_misses": sandbox.sandbox_misses,
+                                 "miss_rate": None if not sandbox.replays else sandbox.miss_rate,
+                                 "max": policy.max_sandbox_miss_rate}
+        if harness is not None:
+            experiment["harness"] = {"replays": harness.replays, "agreeing": harness.agreeing,
+                                     "expected": round(harness.expected, 3),
+                                     "relative_agreement": round(harness.relative_agreement, 4),
+                                     "upper_bound": round(harness.relative_agreement_upper, 4),
+                                     "min": policy.min_harness_agreement}
+    return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness), experiment
 
 
 def _kinds_of(store: Any, agent: str | None) -> set[str]:

@@ -27,13 +27,19 @@ def _policy_side_effects(policy: Any) -> dict[str, str]:
 
 def resolve_replays(store: Any, trials: Sequence[Trial], posted: Mapping, judged: Mapping | None,
                     policy: Any = None) -> list[Trial]:
-    """``trials`` with the unknown outcomes of replays filled by side-effect equivalence with their
-    production runs (loaded from ``store`` by trial id, their own outcomes resolved by §6 first).
-    Cost: one primary-key lookup for the production trials the replays name. Raises
-    StoreUnavailable."""
-    prod_ids = {t.shadow_of for t in trials if t.shadow_of and t.outcome == "unknown"}
+    """``trials`` with replays graded by side-effect equivalence with their production runs (loaded
+    from ``store`` by trial id, their own outcomes resolved by §6 first), and without the trials of
+    replay attempts the ledger superseded (a replay re-run after a stop or crash). Cost: two
+    lookups by the production trial ids the replays name. Raises StoreUnavailable."""
+    prod_ids = {t.shadow_of for t in trials if t.shadow_of}
     if not prod_ids:
         return list(trials)
+    # a replay re-run after a stop or crash has a new trace id in the ledger: the cut-off attempt's
+    # trial is dropped (replays the ledger does not know — another harness's — are kept)
+    from relyscope.store.shadow import ShadowLedger
+
+    current = ShadowLedger(store).replay_traces(prod_ids)
+    trials = [t for t in trials if not t.shadow_of or t.shadow_of not in current or t.trace_id in current[t.shadow_of]]
     prods = apply_outcomes(store.load_trials(trial_ids=prod_ids), posted, judged)
     return apply_replay_outcomes(trials, {p.trial_id: p for p in prods}, _policy_side_effects(policy))
 

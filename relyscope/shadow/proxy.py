@@ -6,7 +6,8 @@ recorded answer is found by a ladder that is always reported in ``match``:
 
 1. ``exact`` — a recorded call of the same tool with the same canonical arguments (the first one
    not used yet; when all were used — the agent retried — the last one again);
-2. ``position`` — the n-th call of this tool in the replay gets the n-th recorded call of it;
+2. ``position`` — the n-th distinct call of this tool in the replay (distinct by canonical
+   arguments: a retry keeps its position) gets the n-th recorded call of it;
 3. no match: a read-only tool the operator allows live (``live_tools``) is answered ``live`` (the
    agent runs the real tool); anything else is a ``sandbox_miss``: the agent gets a clear sandbox
    error and the replay is kept out of agent metrics (ENVIRONMENT). Never approximated.
@@ -147,6 +148,9 @@ class SandboxSession:
         self._perturb = perturb
         self._used: set[int] = set()
         self._seen_per_tool: dict[str, int] = {}
+        # position of each distinct call (tool, canonical arguments) among its tool's distinct calls:
+        # a retry with the same arguments keeps its position (and so its recorded answer)
+        self._nth: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self.calls: list[dict[str, Any]] = []  # the call log: every call, with match and answer kind
 
@@ -176,8 +180,10 @@ class SandboxSession:
         canonical = canonical_arguments(args)
         with self._lock:
             index = len(self.calls)
-            nth = self._seen_per_tool.get(name, 0)
-            self._seen_per_tool[name] = nth + 1
+            nth = self._nth.get((name, canonical))
+            if nth is None:
+                nth = self._nth[(name, canonical)] = self._seen_per_tool.get(name, 0)
+                self._seen_per_tool[name] = nth + 1
             match, ri = self._match(name, canonical, nth)
             rec = self.recorded[ri] if ri is not None else None
             if ri is not None:

@@ -37,6 +37,7 @@ from relyscope.store.shadow import ShadowLedger
 __all__ = ["ShadowStage"]
 
 log = logging.getLogger("relyscope.shadow")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per replay request
 
 
 class ShadowStage:
@@ -62,7 +63,7 @@ class ShadowStage:
         self.sessions: dict[str, SandboxSession] = {}
         self.running: set[str] = set()
         self.counts: dict[str, collections.Counter] = {
-            "decisions": collections.Counter(), "replays": collections.Counter(),
+            "decisions": collections.Counter(), "replays": collections.Counter(), "scheduled": collections.Counter(),
             "proxy": collections.Counter(), "faults": collections.Counter(),
             "side_effects_recorded": collections.Counter(), "rewriter": collections.Counter()}
         self.rewriter_cost_usd: float | None = None
@@ -253,18 +254,27 @@ class ShadowStage:
                                   rewrite=self._rewrite)
             specs += sp
             notes += [f"{t.trial_id}: {n}" for n in nt]
+        # a trial planned again (a second `shadow start`, a restart) keeps its replays: same ids
+        known = self.ledger.existing_replay_ids([sp.replay_id for sp in specs]) if specs else set()
+        specs = [sp for sp in specs if sp.replay_id not in known]
         now = time.time()
         self.ledger.write_replays([{**_spec_row(sp), "status": "scheduled", "scheduled_at": now} for sp in specs])
-        self.counts["replays"]["scheduled"] += len(specs)
+        self.counts["scheduled"].update(sp.family for sp in specs)
         return specs, notes
 
     def dispatch(self, max_n: int = 8) -> int:
         """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record their
         results in one write. Returns how many ran."""
-        rows = [r for r in self.ledger.replays(status="scheduled", limit=max_n + len(self.running), oldest_first=True)
+        # "running" rows not running here were cut off by a stop or a crash: run them again (their new
+        # trace id replaces the old one, so a cut-off attempt's spans are never scored)
+        rows = [r for r in self.ledger.replays(status=("scheduled", "running"), limit=max_n + len(self.running),
+                                               oldest_first=True)
                 if r["replay_id"] not in self.running][:max_n]
         if not rows:
             return 0
+        for r in rows:  # trace ids are known (and stored) before any replay starts
+            r["trace_id"], r["status"], r["error"] = os.urandom(16).hex(), "running", ""
+        self.ledger.write_replays(rows)
         prods = {t.trial_id: t for t in self.store.load_trials(trial_ids={r["shadow_of"] for r in rows})}
         with self._lock:
             self.running.update(r["replay_id"] for r in rows)
@@ -298,14 +308,14 @@ class ShadowStage:
             injector=self.injector, live_tools=s.shadow_live_tools,
             policy_side_effects={k: getattr(v, "value", v) for k, v in getattr(self.policy, "side_effects", {}).items()},
             perturb=perturb_result)
-        trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+        trace_id, span_id = row["trace_id"], os.urandom(8).hex()
         req = ReplayRequest(
             replay_id=rid, run_kind=row["run_kind"], shadow_of=row["shadow_of"],
             task=ReplayTask(task_id=row["task_id"], input=row["input"], agent=row["agent"]),
             family=row["family"], strength=row["strength"], seed=int(row["seed"]),
             traceparent=f"00-{trace_id}-{span_id}-01",
             tool_proxy_url=f"{self.proxy_base_url}/shadow/v1/replays/{rid}/tool-calls",
-            deadline_s=s.shadow_replay_timeout_s)
+            deadline_s=s.shadow_replay_timeout_s, target_version=row["target_version"])
         with self._lock:
             self.sessions[rid] = session
         status, error = "completed", ""

@@ -135,7 +135,8 @@ SCHEMA = [
         outcome_source Nullable(String), outcome_score Nullable(Float64),
         claimed_success Nullable(Bool), confidence Nullable(Float64), conversation_id Nullable(String),
         start_time DateTime64(9), end_time DateTime64(9), wall_time_s Float64,
-        input_tokens UInt64, output_tokens UInt64, total_tokens UInt64, cost_usd Nullable(Float64),
+        input_tokens Nullable(UInt64), output_tokens Nullable(UInt64), total_tokens Nullable(UInt64),
+        cost_usd Nullable(Float64),
         model_calls UInt32, tool_calls UInt32, tool_errors UInt32,
         actions Array(String), steps String, flags Array(String),
         shadow_of Nullable(String), perturbation_family Nullable(String),
@@ -143,6 +144,10 @@ SCHEMA = [
         evaluations String DEFAULT '[]', version_ns UInt64, task_input Nullable(String)
     ) ENGINE = ReplacingMergeTree(version_ns)
     ORDER BY (agent, version, run_kind, trial_id)""",
+    # tables made before token counts could be unknown (None, not 0): widen in place (idempotent)
+    "ALTER TABLE {db}.trials MODIFY COLUMN input_tokens Nullable(UInt64)",
+    "ALTER TABLE {db}.trials MODIFY COLUMN output_tokens Nullable(UInt64)",
+    "ALTER TABLE {db}.trials MODIFY COLUMN total_tokens Nullable(UInt64)",
     """CREATE TABLE IF NOT EXISTS {db}.outcomes (
         key String, key_kind LowCardinality(String), outcome LowCardinality(String),
         score Nullable(Float64), source String, verifier Bool, posted_at DateTime64(9)
@@ -370,7 +375,10 @@ class Store:
                 [l[0] for l in s.links], [l[1] for l in s.links], sorted(s.flags),
                 s.raw_end_ns if s.raw_end_ns is not None and s.raw_end_ns >= 0 else None,
             ])
-        self._insert("otel_traces", rows, _SPAN_COLS, permanent=True)
+        # UTC days; the server's toDate may use another time zone, where one UTC day touches up to
+        # two dates: half the limit of UTC days per block stays within the limit of dates
+        for chunk in _by_partition(rows, lambda r: r[0] // _NS_PER_DAY, MAX_PARTITIONS_PER_INSERT // 2):
+            self._insert("otel_traces", chunk, _SPAN_COLS, permanent=True)
 
     def insert_trials(self, trials: Iterable[Trial]) -> None:
         """Store (or replace) trials. Raises StoreUnavailable or StoreRejected."""
@@ -649,6 +657,28 @@ def _nonempty(path: str) -> bool:
         return os.path.getsize(path) > 0
     except OSError:
         return False
+
+
+#: ClickHouse refuses an INSERT block that touches more partitions than the server setting
+#: ``max_partitions_per_insert_block`` (default 100) with TOO_MANY_PARTS, for the whole block. The
+#: setting may be locked on a shared server, so inserts are split rather than the setting raised.
+MAX_PARTITIONS_PER_INSERT = 100
+_NS_PER_DAY = 86_400 * 10**9
+
+
+def _by_partition(rows: list[list], part_of, max_parts: int = MAX_PARTITIONS_PER_INSERT) -> list[list[list]]:
+    """Split ``rows`` into insert blocks touching at most ``max_parts`` partitions each
+    (``part_of(row)``: the row's partition key, here the UTC day of ``otel_traces.Timestamp``,
+    as ``PARTITION BY toDate(Timestamp)``). One block, in the original order, when it already fits
+    (the common case); else blocks in partition order. A block is atomic on its own; a retry
+    after a partial failure re-inserts earlier blocks, which ReplacingMergeTree deduplicates."""
+    parts: dict[Any, list[list]] = {}
+    for r in rows:
+        parts.setdefault(part_of(r), []).append(r)
+    if len(parts) <= max_parts:
+        return [rows] if rows else []
+    keys = sorted(parts)
+    return [[r for k in keys[i:i + max_parts] for r in parts[k]] for i in range(0, len(keys), max_parts)]
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

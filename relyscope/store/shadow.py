@@ -144,6 +144,31 @@ class ShadowLedger:
             out.append(d)
         return out
 
+    def existing_replay_ids(self, replay_ids: Iterable[str]) -> set[str]:
+        """Which of ``replay_ids`` the ledger already has (any status)."""
+        ids = sorted(set(replay_ids))
+        if not ids:
+            return set()
+        return {r[0] for r in self.store.query(
+            "SELECT DISTINCT replay_id FROM {db}.shadow_replays WHERE replay_id IN %(ids)s", {"ids": ids})}
+
+    def replay_traces(self, shadow_of: Iterable[str]) -> dict[str, set[str]]:
+        """production trial id → the current trace ids of its replays (one per replay)."""
+        ids = sorted(set(shadow_of))
+        if not ids:
+            return {}
+        out: dict[str, set[str]] = {}
+        for so, tid in self.store.query(
+                "SELECT shadow_of, trace_id FROM {db}.shadow_replays FINAL WHERE shadow_of IN %(ids)s", {"ids": ids}):
+            out.setdefault(so, set()).add(tid)
+        return out
+
+    def replay_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
+        """Replay ids starting with ``prefix`` (at most ``limit``), for short ids typed by people."""
+        rows = self.store.query("SELECT DISTINCT replay_id FROM {db}.shadow_replays WHERE startsWith(replay_id, %(p)s) "
+                                "LIMIT %(lim)s", {"p": prefix, "lim": limit})
+        return [r[0] for r in rows]
+
     def status_counts(self, *, agent: str | None = None) -> dict[str, int]:
         where, params = "1", {}
         if agent:

@@ -27,19 +27,39 @@ Streaming rules (:class:`TrajectoryBuilder`):
   (:meth:`TrajectoryBuilder.knows` answers False), for a caller that reloads the trace's stored
   spans before adding a late one (the sidecar's pipeline does).
 
+- Span links tie runs across traces (issue 11): a parentless agent span linked to a span of
+  another trace continues that trace's run (a handoff that started a new trace, D03): its trace
+  is buffered and assembled with the linked one, its root under the linked span (trial flag
+  ``linked_continuation``); an evaluator span (not an agent run) whose
+  ``gen_ai.evaluation.result`` events link to a span of another trace grades the trial holding
+  that span (D21, flag ``linked_evaluation``), re-finalizing it if it was already assembled.
+  Both hold while the linked trace is retained; pending links to traces never seen are dropped
+  after ``retain_s``.
+
 Assembly rules (:func:`assemble`, a pure function of the set of spans — arrival order never
 matters):
 
 - Root: the earliest agent span with ``is_nested=false``, else the earliest outermost agent/workflow
   span of the trace (its parent need not be collected: a remote parent is flagged
-  ``remote_parent``). If that span is itself explicitly nested (``is_nested=true``) the real root
-  is missing and a virtual root is used. Agent spans marked ``relyscope.trial.separate`` root
-  trials of their own; all other nested agents and handoffs are steps of the outer run.
+  ``remote_parent``) that is not explicitly nested (``is_nested=true``); when every outermost one
+  is, the real root is missing and a virtual root is used. Several runs in one trace are several
+  trials: every agent span with ``is_nested=false``, and every outermost agent span under the same
+  parent as the first root (sibling runs under one uncollected server span, or parentless runs
+  sharing a trace id). Agent spans marked ``relyscope.trial.separate`` root trials of their own;
+  all other nested agents and handoffs are steps of the outer run.
 - A span whose parent was never collected (a missing intermediate span) is re-attached, with its
   subtree, to the nearest known ancestor: the innermost trial root whose time interval contains
   it, else the main root; its steps (and the trial) are flagged ``reattached``.
 - Steps: innermost model calls (``llm``), tool calls (tool name), handoffs (``handoff:<agent>``),
-  control decisions (``decision:<state>``) in (start, end, span id) order (metrics.md §3). A model
+  control decisions (``decision:<state>``) in (start, end, span id) order (metrics.md §3),
+  corrected by causality where clocks disagree: a subtree that starts before its parent is shifted
+  into the parent's interval, and a tool call never precedes the end of the model call that asked
+  for it (:func:`_causal_key`). A tool call the model asked for that no tool span shows (a
+  client-side tool) is a step of its own (flags ``missing_tool_span``, ``client_side``); an MCP
+  client span and the server span under it (same tool) are one tool call.
+- Agent name: ``gen_ai.agent.name`` of the root, else the first nested agent's name (the OpenAI
+  Agents SDK bridges name agent spans, not the workflow root), else the root span's name without
+  its convention prefix unless a framework default (``LangGraph``), else ``service.name``. A model
   call that requested tool-call ids with no matching tool span in the trace is flagged
   ``missing_tool_span`` (tool spans without a call id, as OpenLLMetry emits, answer the requests of
   the model call they follow, up to the next model call, by count); a span exported without an end (``raw_end_ns == 0``, decoder flag
@@ -147,12 +167,24 @@ def _plan_roots(spans: Spans) -> list[str]:
     candidates = explicit or [s for s in agentish if not has_agent_ancestor(s)]
     if not candidates:  # agent spans in a parent cycle: take them all
         candidates = agentish
-    main = min(candidates, key=lambda s: _order_key(spans, s))
-    if spans[main][1].is_nested is True:
+    tops = sorted((s for s in candidates if spans[s][1].is_nested is not True),
+                  key=lambda s: _order_key(spans, s))
+    if not tops:
         main = ""  # the outermost agent says it is nested: the real root never arrived
-    separate = sorted((s for s in agentish if s != main and spans[s][1].separate_trial),
-                      key=lambda s: _order_key(spans, s))
-    return [main, *separate]
+        siblings: list[str] = []
+    elif explicit:  # each agent span that says it is not nested is a run of its own
+        main, siblings = tops[0], tops[1:]
+    else:
+        # outermost runs under the same parent as the first (both under one uncollected server
+        # span, or both parentless: a session id reused as trace id) are sibling runs, one trial
+        # each (D06); an outermost agent elsewhere (under a missing intermediate span) stays a
+        # step of the run that contains it
+        main = tops[0]
+        p0 = spans[main][0].parent_span_id
+        siblings = [s for s in tops[1:] if spans[s][0].parent_span_id == p0 and spans[s][1].op is Op.AGENT
+                    and spans[main][1].op is Op.AGENT]
+    separate = set(siblings) | {s for s in agentish if s != main and spans[s][1].separate_trial}
+    return [main, *sorted(separate, key=lambda s: _order_key(spans, s))]
 
 
 def _attach(spans: Spans, roots: list[str]) -> tuple[dict[str, str], dict[str, int], set[str]]:
@@ -232,12 +264,31 @@ def _llm_wrappers(spans: Spans) -> set[str]:
     return out
 
 
+def _tool_pairs(spans: Spans) -> dict[str, str]:
+    """One tool call seen twice — an MCP client span and the server span under it (``tools/call
+    <name>``), or any tool span directly wrapping a tool span of the same name: ``{inner span id:
+    outer span id}``. The outer (the agent's own view, with the call id the model asked for) is
+    the step; the inner adds its error when the outer has none."""
+    out: dict[str, str] = {}
+    for sid, (span, sem) in spans.items():
+        if sem.op is not Op.TOOL:
+            continue
+        p = span.parent_span_id
+        if p in spans:
+            psem = spans[p][1]
+            if psem.op is Op.TOOL and p != sid and (psem.tool_name or spans[p][0].name) == (
+                    sem.tool_name or span.name):
+                out[sid] = p
+    return out
+
+
 def assemble(
     trace_id: str,
     spans: Spans,
     *,
     complete: bool,
     revision: int = 1,
+    linked_evaluations: Mapping[str, tuple] | None = None,
 ) -> list[Trial]:
     """Build the trials of one trace from its spans (keyed by span id). Pure; arrival order of
     ``spans`` never changes the result.
@@ -246,6 +297,9 @@ def assemble(
     Without an agent/workflow root the trial is ``incomplete`` under a virtual root (flag
     ``missing_root``, trial id ``{trace_id}:virtual``, interval min(start)..max(end)). Returns []
     when the trace holds no model, tool or handoff span and no agent root (not an agent run).
+    ``linked_evaluations``: ``{span id: (Evaluation, …)}`` recorded elsewhere (an evaluator span in
+    another trace linking to that span, D21): added to the trial holding the span, flag
+    ``linked_evaluation``.
     """
     roots = _plan_roots(spans)
     if not roots[0] and len(roots) == 1:
@@ -253,6 +307,7 @@ def assemble(
             return []
     owner, depth, reattached = _attach(spans, roots)
     wrappers = _llm_wrappers(spans)
+    pairs = _tool_pairs(spans)
     tool_ids = {sem.tool_call_id for _, sem in spans.values() if sem.op is Op.TOOL and sem.tool_call_id}
     members: dict[str, list[str]] = {r: [] for r in roots}
     for sid, o in owner.items():
@@ -261,7 +316,12 @@ def assemble(
     trials = []
     for i, root in enumerate(roots):
         t = _build_trial(trace_id, root, members[root], spans, reattached, depth, wrappers, tool_ids,
-                         complete=complete and bool(root), revision=revision)
+                         complete=complete and bool(root), revision=revision, pairs=pairs)
+        if linked_evaluations:
+            extra = [ev for sid in (root, *members[root]) for ev in linked_evaluations.get(sid, ())]
+            if extra:
+                t = replace(t, evaluations=t.evaluations + tuple(extra),
+                            flags=t.flags | {"linked_evaluation"})
         if i == 0 and len(roots) > 1 and not t.steps and t.outcome == "unknown":
             continue  # a wrapper around separate trials with nothing of its own
         trials.append(t)
@@ -309,12 +369,133 @@ def _step_action(sid: str, span: CanonicalSpan, sem: SpanSemantics, wrappers: se
     return None
 
 
+#: Span names frameworks give every run (no agent identity in them).
+_GENERIC_RUN_NAMES = frozenset({"langgraph", "agent workflow", "agentexecutor", "runnablesequence",
+                                "invoke_agent", "invoke_workflow", "agent run", "workflow", "agent"})
+_RUN_NAME_PREFIXES = ("invoke_agent ", "invoke_workflow ", "agent run: ", "agent run ")
+
+
+def _framework_agent_name(root: str, ordered: list[str], spans: Spans) -> str | None:
+    """The agent's own name where its framework records it and the root carries no
+    ``gen_ai.agent.name``: the entry agent (the first nested agent span with a name: the OpenAI
+    Agents SDK bridges name agent spans, not the workflow root), else the root span's name without
+    its convention prefix (``invoke_agent X``, Logfire's ``Agent run: 'X'``, a named LangGraph
+    graph) unless it is a framework default (``LangGraph``, ``Agent workflow``)."""
+    for sid in ordered:
+        sem = spans[sid][1]
+        if sem.op is Op.AGENT and sem.agent_name:
+            return sem.agent_name
+    if not root or spans[root][1].op not in _AGENTISH:
+        return None
+    name = spans[root][0].name.strip()
+    low = name.lower()
+    for p in _RUN_NAME_PREFIXES:
+        if low.startswith(p):
+            name = name[len(p):].strip().strip("'\"")
+            break
+    if not name or name.lower() in _GENERIC_RUN_NAMES:
+        return None
+    return name
+
+
+def _causal_key(steps: list[Step], spans: Spans, members: list[str]):
+    """Sort key of steps: start order, corrected by what causality says where clocks disagree
+    (a client and a service with skewed clocks): a span's subtree is shifted into its parent's
+    interval when it starts before its parent (or ends after it), and a tool call never sorts
+    before the end of the model call that requested it (matched by call id). Only the order
+    changes; the steps keep their recorded times."""
+    shift: dict[str, int] = {}
+
+    def shift_of(sid: str) -> int:
+        path: list[str] = []
+        seen: set[str] = set()
+        cur = sid
+        while cur in spans and cur not in shift and cur not in seen:
+            path.append(cur)
+            seen.add(cur)
+            cur = spans[cur][0].parent_span_id
+        for n in reversed(path):  # top first: each parent is resolved before its child
+            span = spans[n][0]
+            p = span.parent_span_id
+            if p not in shift or p not in spans:
+                shift[n] = 0
+                continue
+            ps, pshift = spans[p][0], shift[p]
+            d = 0
+            if ps.start_ns > 0 and span.start_ns > 0:
+                lo, hi = ps.start_ns + pshift, ps.end_ns + pshift
+                st, en = span.start_ns + pshift, span.end_ns + pshift
+                if st < lo:
+                    d = lo - st
+                elif en > hi and ps.raw_end_ns is None:
+                    d = max(hi - en, lo - st)
+            shift[n] = pshift + d
+        return shift.get(sid, 0)
+
+    requested_by: dict[str, str] = {}
+    repeated: set[str] = set()
+    for sid in members:
+        sem = spans[sid][1]
+        if sem.op is Op.LLM:
+            for c in sem.requested_tool_calls:
+                if c in requested_by and requested_by[c] != sid:
+                    repeated.add(c)
+                requested_by.setdefault(c, sid)
+    for c in repeated:  # an id several model calls asked for says nothing about which one
+        del requested_by[c]
+
+    def key(st: Step) -> tuple:
+        sh = shift_of(st.span_id) if st.span_id in spans else 0
+        start, end = st.start_ns + sh, st.end_ns + sh
+        if st.op is Op.TOOL and st.tool_call_id and "client_side" not in st.flags:
+            req = requested_by.get(st.tool_call_id)
+            if req is not None and req != st.span_id:
+                r_end = spans[req][0].end_ns + shift_of(req)
+                if start < r_end:
+                    start, end = r_end, max(end, r_end)
+        return (start, end, st.span_id, "client_side" in st.flags)
+
+    return key
+
+
+class _Usage:
+    """Token sums that stay None until a span reports a count (unknown is not zero)."""
+
+    __slots__ = ("input", "output", "total", "missing")
+
+    def __init__(self) -> None:
+        self.input: int | None = None
+        self.output: int | None = None
+        self.total: int | None = None
+        self.missing = 0  # spans added that reported no token count at all
+
+    @property
+    def known(self) -> bool:
+        return self.input is not None or self.output is not None or self.total is not None
+
+    def add(self, sem: SpanSemantics) -> None:
+        i, o, t = sem.input_tokens, sem.output_tokens, sem.total_tokens
+        if t is None and i is not None and o is not None:
+            t = i + o
+        if i is None and o is None and t is None:
+            self.missing += 1
+            return
+        if i is not None:
+            self.input = (self.input or 0) + i
+        if o is not None:
+            self.output = (self.output or 0) + o
+        if t is not None:
+            self.total = (self.total or 0) + t
+
+
 def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, reattached: set[str],
                  depth: dict[str, int], wrappers: set[str], tool_ids: set[str], *, complete: bool,
-                 revision: int) -> Trial:
+                 revision: int, pairs: Mapping[str, str] | None = None) -> Trial:
     steps: list[Step] = []
     flags: set[str] = set()
-    in_tok = out_tok = tot_tok = 0
+    usage = _Usage()  # model calls
+    fallback = _Usage()  # wrapping model calls, then agent spans: used only if no model call reports usage
+    agent_usage = _Usage()
     cost: float | None = None
     model_calls = tool_calls = tool_errors = 0
     outcome_sem: list[SpanSemantics] = []
@@ -322,13 +503,19 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
     first_input: str | None = None
     conversation: str | None = None
     ordered = sorted(members, key=lambda s: _order_key(spans, s))
+    inner_error = {outer: spans[inner][1].error_type for inner, outer in (pairs or {}).items()
+                   if spans[inner][1].error_type}
     # model calls of this trial, and tool spans that carry no call id (OpenLLMetry, …): those can
     # answer the requests of the model call right before them (until the next model call)
     llm_starts = [spans[s][0].start_ns for s in ordered if spans[s][1].op is Op.LLM and s not in wrappers]
+    # (a handoff answers the transfer_to_<agent> tool call the model made: the OpenAI Agents SDK)
     anon_tool_starts = sorted(spans[s][0].start_ns for s in ordered
-                              if spans[s][1].op is Op.TOOL and not spans[s][1].tool_call_id)
+                              if spans[s][1].op in (Op.TOOL, Op.HANDOFF) and not spans[s][1].tool_call_id
+                              and not (pairs and s in pairs))
     for sid in ordered:
         span, sem = spans[sid]
+        if span.trace_id != trace_id:  # a continuation in a linked trace (D03)
+            flags.add("linked_continuation")
         if first_input is None and sem.first_user_input:
             first_input = sem.first_user_input
         if conversation is None and sem.conversation_id:
@@ -337,6 +524,12 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         if any(v is not None for v in (sem.outcome, sem.confidence, sem.claimed_success)):
             outcome_sem.append(sem)
         action = _step_action(sid, span, sem, wrappers)
+        if pairs and sid in pairs:
+            action = None  # the server side of a tool call whose client span is the step
+        if sem.op is Op.LLM and sid in wrappers:
+            fallback.add(sem)
+        elif sem.op in _AGENTISH:
+            agent_usage.add(sem)
         if sem.cost_usd is not None and sem.op not in _AGENTISH and sid not in wrappers:
             cost = (cost or 0.0) + sem.cost_usd
         if action is None:
@@ -348,13 +541,12 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             sflags.add("unended")
         elif "end_before_start" in span.flags:
             sflags.add("end_before_start")
+        requested_only: list[str] = []
         if sem.op is Op.LLM:
             model_calls += 1
-            in_tok += sem.input_tokens or 0
-            out_tok += sem.output_tokens or 0
-            tot_tok += sem.total_tokens if sem.total_tokens is not None else (
-                (sem.input_tokens or 0) + (sem.output_tokens or 0))
-            unmatched = sum(1 for c in sem.requested_tool_calls if c not in tool_ids)
+            usage.add(sem)
+            unmatched_ids = [c for c in sem.requested_tool_calls if c not in tool_ids]
+            unmatched = len(unmatched_ids)
             if unmatched:
                 nxt = bisect.bisect_right(llm_starts, span.start_ns)
                 until = llm_starts[nxt] if nxt < len(llm_starts) else None
@@ -363,8 +555,11 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
                       else len(anon_tool_starts))
                 if hi - lo < unmatched:
                     sflags.add("missing_tool_span")
+                    requested_only = unmatched_ids[hi - lo:]
         elif sem.op is Op.TOOL:
             tool_calls += 1
+            if sem.error_type is None and inner_error.get(sid):
+                sem = replace(sem, error_type=inner_error[sid])
             if sem.error_type:
                 tool_errors += 1
         flags |= sflags
@@ -379,6 +574,23 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             output_tokens=sem.output_tokens, cost_usd=sem.cost_usd, flags=frozenset(sflags),
             fault_type=sem.fault_type,
         ))
+        if requested_only:
+            # D15: calls the model asked for that no tool span shows (a client-side tool) are
+            # still steps, right after the request, so the policy grades them
+            asked = {c[0]: c for c in sem.requested_tools}
+            for cid in requested_only:
+                req = asked.get(cid)
+                if req is None or not req[1]:
+                    continue
+                tool_calls += 1
+                cflags = frozenset({"missing_tool_span", "client_side"})
+                flags |= cflags
+                steps.append(Step(
+                    span_id=sid, parent_span_id=span.parent_span_id, action=req[1], op=Op.TOOL,
+                    name=span.name, start_ns=span.end_ns, end_ns=span.end_ns,
+                    depth=depth.get(sid, 1), tool_name=req[1], tool_call_id=cid, arguments=req[2],
+                    flags=cflags,
+                ))
 
     if root:
         rspan, rsem = spans[root]
@@ -396,8 +608,13 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
             conversation = rsem.conversation_id
         if rspan.parent_span_id and rspan.parent_span_id not in spans:
             flags.add("remote_parent")
+        if rspan.status_code == 2:  # the run itself raised / ended in error
+            flags.add("root_error")
         if rsem.cost_usd is not None and cost is None:
             cost = rsem.cost_usd
+        root_usage = _Usage()
+        root_usage.add(rsem)
+        agent_usage = root_usage if root_usage.known else agent_usage
         resource = rspan.resource
     else:
         rsem = SpanSemantics()
@@ -432,18 +649,28 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
     outcome = pick("outcome")
     if outcome not in ("success", "failure"):
         outcome = "unknown"
-    steps.sort(key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    # unknown usage stays unknown (None), never 0: model calls' usage; else that of wrapping model
+    # calls (a Vercel AI SDK outer span); else the agent span's (Claude Agent SDK via Logfire)
+    for u in (usage, fallback, agent_usage):
+        if u.known:
+            break
+    else:
+        u = usage
+    if u is usage and usage.missing and usage.known:
+        flags.add("partial_usage")  # some model calls reported no usage: the sums are lower bounds
+    steps.sort(key=_causal_key(steps, spans, members))
     return Trial(
         trial_id=str(rsem.trial_id) if rsem.trial_id else f"{trace_id}:{root or 'virtual'}",
         trace_id=trace_id, root_span_id=root, task_id=task_id, task_id_source=task_src,
-        agent_name=str(rsem.agent_name or resource.get("service.name") or "unknown"),
+        agent_name=str(rsem.agent_name or _framework_agent_name(root, ordered, spans)
+                       or resource.get("service.name") or "unknown"),
         agent_version=str(rsem.agent_version or resource.get("service.version") or "unknown"),
         run_kind=str(rsem.run_kind or "production"),
         outcome=outcome, outcome_source=pick("outcome_source") if outcome != "unknown" else None,
         outcome_score=pick("outcome_score"), claimed_success=pick("claimed_success"),
         confidence=pick("confidence"), conversation_id=conversation,
         start_ns=start, end_ns=end, steps=tuple(steps),
-        input_tokens=in_tok, output_tokens=out_tok, total_tokens=tot_tok, cost_usd=cost,
+        input_tokens=u.input, output_tokens=u.output, total_tokens=u.total, cost_usd=cost,
         model_calls=model_calls, tool_calls=tool_calls, tool_errors=tool_errors,
         status="complete" if complete else "incomplete", flags=frozenset(flags),
         shadow_of=rsem.shadow_of, perturbation_family=rsem.perturbation_family,
@@ -531,6 +758,14 @@ class TrajectoryBuilder:
         self._finalized: OrderedDict[str, float] = OrderedDict()  # trace id -> finalized_at
         self._evicted: OrderedDict[str, float] = OrderedDict()  # trace id -> evicted at
         self.replaced = 0  # spans that replaced a different span with the same ids
+        # D03: a run continued in a new trace tied back by a span link is assembled with the run
+        # it continues: continuation trace id -> (buffer trace id, linked span id, root span id)
+        self._alias: dict[str, tuple[str, str, str]] = {}
+        self._aliased_by: dict[str, set[str]] = {}
+        # D21: evaluations on spans of other traces pointing here by a span link:
+        # target trace -> {target span id: {evaluator (trace, span): evaluations}}
+        self._evals: dict[str, dict[str, dict[tuple[str, str], tuple]]] = {}
+        self._evals_seen: OrderedDict[str, float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -541,14 +776,25 @@ class TrajectoryBuilder:
         return len(self._open)
 
     def open_trace_ids(self) -> set[str]:
-        """Ids of traces with spans not yet finalized (a copy)."""
-        return set(self._open)
+        """Ids of traces with spans not yet finalized (a copy), continuation traces assembled with
+        an open trace included."""
+        out = set(self._open)
+        for tid in self._open:
+            out |= self._aliased_by.get(tid, set())
+        return out
+
+    def _canon(self, trace_id: str) -> str:
+        """The trace id whose buffer holds this trace's spans (itself unless a continuation)."""
+        a = self._alias.get(trace_id)
+        return a[0] if a else trace_id
 
     def _due_at(self, tr: _Trace) -> float:
         return tr.last_seen + (self.grace_s if tr.root_candidates else self.root_timeout_s)
 
     def knows(self, trace_id: str) -> bool:
         """Whether this builder holds (or has evicted) state for the trace since it started."""
+        if trace_id in self._alias:
+            return True
         tr = self._traces.get(trace_id)
         return bool(tr is not None and tr.spans) or trace_id in self._evicted
 
@@ -556,6 +802,7 @@ class TrajectoryBuilder:
         """Declare trials already stored for a trace (by an earlier process), so that
         re-finalizing it tombstones any of them it no longer produces. Call before :meth:`add`
         of the trace's stored spans."""
+        trace_id = self._canon(trace_id)
         tr = self._traces.get(trace_id)
         if tr is None:
             tr = self._traces[trace_id] = _Trace(dirty=False)
@@ -572,7 +819,17 @@ class TrajectoryBuilder:
             # span's memory) are already in ``sem`` and in the store
             if span.attributes or span.events:
                 span = dataclasses.replace(span, attributes=_NO_ATTRS, events=())
+            if span.links:
+                if sem.evaluations and sem.op not in _AGENTISH:
+                    self._link_evaluations(span, sem, touched, now)
+                if (sem.op is Op.AGENT and not span.parent_span_id and span.trace_id not in self._alias):
+                    self._continue(span, touched)
             tid = span.trace_id
+            al = self._alias.get(tid)
+            if al is not None:
+                tid = al[0]
+                if span.span_id == al[2]:  # the continuation's root hangs under the linked span
+                    span = dataclasses.replace(span, parent_span_id=al[1])
             tr = touched.get(tid) or self._traces.get(tid)
             if tr is None:
                 if tid in self._evicted:
@@ -605,6 +862,65 @@ class TrajectoryBuilder:
             heapq.heappush(self._due, (self._due_at(tr), next(self._seq), tid))
         return new
 
+    def _link_evaluations(self, span: CanonicalSpan, sem: SpanSemantics, touched: dict, now: float) -> None:
+        """D21: an evaluator span whose evaluations point at spans of other traces by span links:
+        remember them for those traces (re-finalizing a trace already assembled)."""
+        for lt, ls in span.links:
+            if lt == span.trace_id:
+                continue
+            target = self._canon(lt)
+            per_span = self._evals.setdefault(target, {}).setdefault(ls, {})
+            if per_span.get(span.key) == sem.evaluations:
+                continue  # a re-send
+            per_span[span.key] = sem.evaluations
+            self._evals_seen[target] = now
+            self._evals_seen.move_to_end(target)
+            tr = touched.get(target) or self._traces.get(target)
+            if tr is not None and tr.spans:
+                touched[target] = tr
+
+    def _continue(self, span: CanonicalSpan, touched: dict) -> None:
+        """D03: a parentless agent span linked to a span of another trace starts a continuation
+        of that trace's run (a handoff that began a new trace): its trace is assembled with the
+        linked one, its root under the linked span. Not when the linked trace is already evicted
+        (it is then assembled on its own, as before)."""
+        link = next(((lt, ls) for lt, ls in span.links if lt != span.trace_id), None)
+        if link is None:
+            return
+        target = self._canon(link[0])
+        own = span.trace_id
+        if target == own or target in self._evicted or own in self._aliased_by:
+            return
+        self._alias[own] = (target, link[1], span.span_id)
+        self._aliased_by.setdefault(target, set()).add(own)
+        old = self._traces.pop(own, None)
+        touched.pop(own, None)
+        self._open.discard(own)
+        if self._finalized.pop(own, None) is not None and old is not None:
+            self.retained_bytes -= old.last_bytes
+        pending = self._evals.pop(own, None)
+        if pending:
+            dst = self._evals.setdefault(target, {})
+            for sid, per in pending.items():
+                dst.setdefault(sid, {}).update(per)
+        tr = self._traces.get(target)
+        if old is None:
+            return
+        if tr is None:
+            tr = self._traces[target] = _Trace()
+        for sid, (sp, sm) in old.spans.items():  # spans of the continuation that came first
+            if sid in tr.spans:
+                continue
+            if sid == span.span_id:
+                sp = dataclasses.replace(sp, parent_span_id=link[1])
+            tr.spans[sid] = (sp, sm)
+            tr.bytes += _span_bytes(sp, sm)
+            if _is_root_candidate(sp, sm):
+                tr.root_candidates += 1
+        for k, t in old.emitted.items():  # its provisional trials are tombstoned on finalize
+            tr.emitted.setdefault(k, t)
+        touched[target] = tr
+
     def poll(self, now: float) -> list[Trial]:
         """Finalize what is due at ``now``; evict finalized traces past retention. Cost is
         proportional to the traces due, not to the traces buffered."""
@@ -627,11 +943,25 @@ class TrajectoryBuilder:
             self.evicted += 1
             if not self.forget_evicted:
                 self._evicted[tid] = now
+            self._evals.pop(tid, None)
+            self._evals_seen.pop(tid, None)
+            for b in self._aliased_by.pop(tid, ()):
+                self._alias.pop(b, None)
+                if not self.forget_evicted:
+                    self._evicted[b] = now  # a late span of the continuation is not assembled alone
         while self._evicted:
             tid, at = next(iter(self._evicted.items()))
             if now - at < self.retain_s:
                 break
             del self._evicted[tid]
+        # evaluations for traces never seen: kept retain_s, then dropped (bounded memory)
+        while self._evals_seen:
+            tid, at = next(iter(self._evals_seen.items()))
+            if now - at < self.retain_s:
+                break
+            del self._evals_seen[tid]
+            if tid not in self._traces:
+                self._evals.pop(tid, None)
         return out
 
     def flush(self, now: float = 0.0) -> list[Trial]:
@@ -640,6 +970,13 @@ class TrajectoryBuilder:
         for tid in sorted(self._open):
             out.extend(self._finalize(tid, self._traces[tid], now))
         return out
+
+    def _linked(self, tid: str) -> dict[str, tuple] | None:
+        per = self._evals.get(tid)
+        if not per:
+            return None
+        return {sid: tuple(ev for _, evs in sorted(by_src.items()) for ev in evs)
+                for sid, by_src in per.items()}
 
     def _finalize(self, tid: str, tr: _Trace, now: float) -> list[Trial]:
         tr.revision += 1
@@ -653,7 +990,8 @@ class TrajectoryBuilder:
         tr.last_bytes = tr.bytes
         self.retained_bytes += tr.bytes
         # completeness is structural: a trial is incomplete when its root is missing (virtual root)
-        trials = assemble(tid, tr.spans, complete=True, revision=tr.revision)
+        trials = assemble(tid, tr.spans, complete=True, revision=tr.revision,
+                          linked_evaluations=self._linked(tid))
         emitted = {_key(t): t for t in trials}
         tombstones = [
             replace(old, status=SUPERSEDED, steps=(), flags=frozenset({SUPERSEDED}), revision=tr.revision)

@@ -85,6 +85,9 @@ _LABEL_ORDER: Final[tuple[ModuleType, ...]] = (
 _EXCEPTION_EVENT: Final = "exception"
 _EXCEPTION_TYPE: Final = "exception.type"
 _SESSION_ID: Final = "session.id"
+_MCP_TOOL_ERROR: Final = "tool_error"
+#: Logfire's cost attribute (Claude Agent SDK / pydantic-ai through Logfire put it on the agent span)
+_OPERATION_COST: Final = "operation.cost"
 _G = CONVENTIONS["genai"].attrs
 _EVAL_EVENT: Final = _G["evaluation_event"][0]
 _EVAL_NAME: Final = _G["evaluation_name"][0]
@@ -156,10 +159,18 @@ def _normalize(span: CanonicalSpan) -> SpanSemantics:
     err = _error(span)
     if err is not None:
         fields["error_type"] = err
+    elif op is Op.TOOL:
+        result = fields.get("tool_result")
+        if isinstance(result, dict) and result.get("isError") is True:
+            fields["error_type"] = _MCP_TOOL_ERROR  # an MCP CallToolResult reporting failure
     if "conversation_id" not in fields:
         sid = as_str(span.attributes.get(_SESSION_ID))
         if sid:
             fields["conversation_id"] = sid
+    if "cost_usd" not in fields:
+        cost = as_float(span.attributes.get(_OPERATION_COST))
+        if cost is not None and cost >= 0:
+            fields["cost_usd"] = cost
     if span.events:
         evaluations = _evaluations(span.events)
         if evaluations:

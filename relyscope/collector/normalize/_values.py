@@ -260,3 +260,52 @@ def requested_call_ids(messages: Any) -> tuple[str, ...]:
                     if isinstance(tr, Mapping):
                         add(tr.get("ref"))
     return tuple(out)
+
+
+def requested_calls(messages: Any) -> tuple[tuple[str, str | None, Any], ...]:
+    """``(call id, tool name, arguments)`` of each tool call a model's output messages request,
+    in order, one per id (the shapes of :func:`requested_call_ids`, plus the Vercel AI SDK's
+    ``ai.response.toolCalls`` items ``{"toolCallId", "toolName", "args"|"input"}``). Arguments
+    holding JSON text are decoded once. Lets a call the model asked for be graded even when no
+    tool span follows (a client-side tool, D15)."""
+    messages = decode_json_once(messages)
+    if isinstance(messages, Mapping):
+        messages = [messages]
+    if not isinstance(messages, list):
+        return ()
+    out: dict[str, tuple[str, str | None, Any]] = {}
+
+    def add(cid: Any, name: Any, args: Any) -> None:
+        c = as_str(cid)
+        if c and c not in out:
+            out[c] = (c, as_str(name), decode_json_once(args))
+
+    for m in messages:
+        if not isinstance(m, Mapping):
+            continue
+        if "toolCallId" in m:  # Vercel AI SDK
+            add(m.get("toolCallId"), m.get("toolName"), m.get("args", m.get("input")))
+            continue
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            for c in calls:
+                if isinstance(c, Mapping):
+                    fn = c.get("function") if isinstance(c.get("function"), Mapping) else {}
+                    add(c.get("id"), c.get("name") or fn.get("name"), c.get("arguments", fn.get("arguments")))
+        for key in ("parts", "content"):
+            parts = m.get(key)
+            if not isinstance(parts, list):
+                continue
+            for p in parts:
+                if not isinstance(p, Mapping):
+                    continue
+                ptype = p.get("type")
+                if ptype in ("tool_call", "tool_use"):
+                    add(p.get("id"), p.get("name"), p.get("arguments", p.get("input")))
+                elif ptype == "function_call":
+                    add(p.get("call_id") or p.get("id"), p.get("name"), p.get("arguments"))
+                else:
+                    fc = p.get("function_call") or p.get("functionCall")
+                    if isinstance(fc, Mapping):
+                        add(fc.get("id"), fc.get("name"), fc.get("args"))
+    return tuple(out.values())

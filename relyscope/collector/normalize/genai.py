@@ -24,6 +24,7 @@ from ._values import (
     first_user_text,
     message_text,
     requested_call_ids,
+    requested_calls,
 )
 from .versions import CONVENTIONS
 
@@ -136,6 +137,9 @@ def extract(span: CanonicalSpan) -> dict[str, Any]:
     if out_msgs is not None:
         decoded = decode_json_once(out_msgs)
         requested = requested_call_ids(decoded)
+        calls = requested_calls(decoded)
+        if calls:
+            out["requested_tools"] = calls
         if not finish and isinstance(decoded, list):
             finish = tuple(
                 r

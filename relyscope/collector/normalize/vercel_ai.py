@@ -17,6 +17,7 @@ from ._values import (
     decode_json_once,
     first,
     first_user_text,
+    requested_calls,
 )
 from .versions import CONVENTIONS
 
@@ -108,6 +109,7 @@ def extract(span: CanonicalSpan) -> dict[str, Any]:
         )
         if ids:
             out["requested_tool_calls"] = ids
+            out["requested_tools"] = requested_calls(calls) or None
     return out
 
 

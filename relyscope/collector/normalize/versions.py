@@ -16,7 +16,8 @@ from typing import Final, Mapping
 
 from relyscope import semconv as sc
 
-__all__ = ["ConventionSpec", "CONVENTIONS", "names"]
+__all__ = ["ConventionSpec", "CONVENTIONS", "names", "SCORING_KEYS", "EXACT_KEYS", "HISTORY_PREFIXES",
+           "attribute_rank", "never_truncate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,22 @@ CONVENTIONS: Final[Mapping[str, ConventionSpec]] = MappingProxyType(
                 "logfire_to_agent": ("to_agent",),
                 "logfire_triggered": ("triggered",),
                 "logfire_name": ("name",),
+                # Logfire's own OpenAI Agents integration (logfire.instrument_openai_agents): no
+                # ``type`` attribute; the span *name* is the message template
+                "lf_template": ("logfire.msg_template",),
+                "lf_trace_name": ("OpenAI Agents trace: {name}",),
+                "lf_task_prefix": ("Task: ",),
+                "lf_agent_name": ("Agent run: {name!r}",),
+                "lf_turn_prefix": ("Turn {turn} for agent ",),
+                "lf_function_name": ("Function: {name}",),
+                "lf_handoff_name": ("Handoff: {from_agent} → {to_agent}",),
+                "lf_guardrail_prefix": ("Guardrail {name!r}",),
+                "lf_model_prefixes": ("Responses API with ", "Chat completion with "),
+                "lf_input": ("input",),
+                "lf_output": ("output",),
+                "lf_error": ("error",),
+                "lf_events": ("events",),
+                "lf_from_agent": ("from_agent",),
             },
         ),
         "adk": _spec(
@@ -265,3 +282,71 @@ CONVENTIONS: Final[Mapping[str, ConventionSpec]] = MappingProxyType(
 def names(convention: str, field: str) -> tuple[str, ...]:
     """Attribute names of ``field`` in ``convention``, priority order (KeyError if unknown)."""
     return CONVENTIONS[convention].attrs[field]
+
+
+# --------------------------------------------------------------------------------------------------
+# What the receiver's attribute limits must spare (issue 11: D14, D20)
+# --------------------------------------------------------------------------------------------------
+
+# Table fields whose entries are attribute *values*, event names, span-name or scope prefixes, or
+# key prefixes rather than attribute keys.
+_NOT_KEYS: Final = frozenset({
+    "op_handoff", "op_guardrail", "oi_scope", "oi_handoff_name_prefix", "system_value", "scope",
+    "sdk_name_value", "scope_prefix", "llm_operations", "user_message_event", "choice_event",
+    "evaluation_event", "prompt_event", "input_messages_prefix", "output_messages_prefix",
+    "prompt_prefix", "completion_prefix", "lf_trace_name", "lf_task_prefix", "lf_agent_name",
+    "lf_turn_prefix", "lf_function_name", "lf_handoff_name", "lf_guardrail_prefix", "lf_model_prefixes",
+})
+# Table fields holding message / tool content: read by the normalizers, but the bulk a length
+# limit is there to cut.
+_CONTENT: Final = frozenset({
+    "tool_arguments", "tool_result", "input_messages", "output_messages", "tool_call_arguments",
+    "input_value", "output_value", "entity_input", "entity_output", "tool_call_args",
+    "tool_response", "llm_request", "llm_response", "prompt", "prompt_messages",
+    "response_tool_calls", "input", "output", "prompt_event_attr", "lf_input", "lf_output", "lf_events",
+})
+# Read by the normalizers outside the table (relyscope.collector.normalize.__init__) or by the scorers.
+_EXTRA_SCORING: Final = ("session.id", "operation.cost", sc.ERROR_TYPE, "exception.type", "exception.message",
+                         sc.GEN_AI_SYSTEM_INSTRUCTIONS, "gen_ai.response.id", "gen_ai.agent.description")
+
+
+def _keys(want_content: bool | None) -> frozenset[str]:
+    out = set()
+    for spec in CONVENTIONS.values():
+        for fld, keys in spec.attrs.items():
+            if fld in _NOT_KEYS:
+                continue
+            if want_content is None or (fld in _CONTENT) == want_content:
+                out.update(keys)
+    return frozenset(out)
+
+
+#: Every attribute key a normalizer or scorer reads (all conventions of :data:`CONVENTIONS`, plus
+#: ``session.id``, ``error.type``, ``exception.*``, ``gen_ai.response.id``) and every
+#: ``relyscope.*`` key: an attribute *count* limit never drops these.
+SCORING_KEYS: Final[frozenset[str]] = _keys(None) | frozenset(_EXTRA_SCORING)
+#: The scoring keys that are not message / tool content (ids, names, kinds, models, token counts,
+#: outcome): an attribute *length* limit never truncates these (a cut id merges two tasks, D14).
+EXACT_KEYS: Final[frozenset[str]] = (_keys(False) | frozenset(_EXTRA_SCORING)) - {
+    sc.GEN_AI_SYSTEM_INSTRUCTIONS, "exception.message", "gen_ai.agent.description"}
+#: Key prefixes of flattened message history (OpenInference ``llm.input_messages.N.…``, OpenLLMetry
+#: ``gen_ai.prompt.N.…``): the first attributes a count limit drops.
+HISTORY_PREFIXES: Final = ("llm.input_messages.", "llm.output_messages.", "gen_ai.prompt.",
+                           "gen_ai.completion.", "llm.prompts.", "llm.completions.")
+_RS_PREFIX: Final = "relyscope."
+
+
+def attribute_rank(key: str) -> int:
+    """Which attributes an attribute-count limit keeps first: 0 — read by scoring (never dropped),
+    1 — anything else, 2 — flattened message history (dropped first). Pure."""
+    if key in SCORING_KEYS or key.startswith(_RS_PREFIX):
+        return 0
+    if key.startswith(HISTORY_PREFIXES):
+        return 2
+    return 1
+
+
+def never_truncate(key: str) -> bool:
+    """Whether an attribute-length limit must leave this key's value whole: identity and other
+    exact scoring values (:data:`EXACT_KEYS`, ``relyscope.*``). Pure."""
+    return key in EXACT_KEYS or key.startswith(_RS_PREFIX)
