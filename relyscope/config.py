@@ -55,6 +55,23 @@ class Settings(BaseSettings):
     score_window_s: float | None = Field(
         None, gt=0, description="rolling window of the live scores: trials that ended in the last N seconds "
         "(offline imports always count); None = all stored trials")
+    score_windows: str = Field(
+        "5m,1h,24h,7d,all", description="sliding windows the live scores are computed over (comma list of "
+        "<n>s|m|h|d or 'all'; exported as the gauges' window label); offline imports are always all-time")
+    drift_current: str = Field("1h", description="drift (metrics.md §10): the current window …")
+    drift_reference: str = Field("24h", description="… against the reference window just before it")
+    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged when the "
+                                   "bootstrap CI of Δ excludes 0 and |Δ| exceeds this")
+    max_label_sets: int = Field(50, ge=1, description="distinct (agent, version) label sets scored and exported "
+                                "per sidecar; beyond it, groups fold into agent=version='other' (counted, warned)")
+    rollup_minute_ttl_days: float = Field(2.0, gt=0, description="retention of the minute rollups (>= 25 h: "
+                                          "windows up to 6 h and drift read them)")
+    rollup_hour_ttl_days: float = Field(400.0, gt=0, description="retention of the hour rollups (the 24h/7d windows)")
+    traj_sample_ttl_days: float = Field(30.0, gt=0, description="retention of the trajectory sample rows")
+    traj_sample: int = Field(50, ge=2, description="C_traj_d / C_traj_s of a task in a window use its most "
+                             "recent N successful runs (bounds the cost of trajectory metrics)")
+    incremental_scoring: bool = Field(True, description="score from the per-task rollups in ClickHouse "
+                                      "(cost follows the traffic); false: reload every trial each cycle")
     max_k: int = Field(20, ge=1, description="largest k of pass@k / pass^k reported (bounds gauges and "
                        "cost when a fingerprinted task repeats thousands of times)")
     n_boot: int = Field(2000, ge=0, description="bootstrap resamples for CIs (0 disables)")
@@ -130,6 +147,23 @@ class Settings(BaseSettings):
         None, description="chaos testing: while this file exists, store writes fail — empty: as if ClickHouse "
         "were down; JSON {\"code\": N, \"match\": S, \"tables\": [..]}: inserts fail with ClickHouse error code N "
         "while the server answers (relyscope.store.clickhouse)")
+
+    @field_validator("drift_current", "drift_reference")
+    @classmethod
+    def _drift_window(cls, v: str) -> str:
+        from relyscope.scoring.windows import parse_windows
+
+        if len(parse_windows(v)) != 1 or parse_windows(v)[0][1] is None:
+            raise ValueError(f"bad drift window {v!r}: one window like 1h or 24h (not 'all')")
+        return v
+
+    @field_validator("score_windows")
+    @classmethod
+    def _windows(cls, v: str) -> str:
+        from relyscope.scoring.windows import parse_windows
+
+        parse_windows(v)  # ValueError → a validation error naming the bad window
+        return v
 
     @field_validator("otlp_grpc", "otlp_http", "api")
     @classmethod

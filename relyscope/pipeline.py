@@ -24,8 +24,9 @@ earlier records were committed before the crash; the trace is then completed fro
 store already holds (:meth:`relyscope.store.Store.load_spans`) before it is re-assembled, so it yields the same
 trial (same id) rather than a partial one.
 
-A scorer thread recomputes the scores of groups (agent, version, run kind) whose trials changed,
-every ``score_interval_s``, stores them and hands them to the gauges.
+A scorer thread (:class:`relyscope.scoring.ScoreStage`, owned here as ``self.scoring``) recomputes
+the scores of groups (agent, version, run kind) whose trials changed, every ``score_interval_s``,
+stores them and hands them to the gauges.
 
 Errors: :class:`Backpressure` (retryable: spool full) and
 :class:`relyscope.collector.otlp.OTLPRequestError` (permanent: the request is unusable, or larger
@@ -57,11 +58,9 @@ from relyscope.collector.otlp import _decompress as decompress  # TODO: public n
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, Trial
-from relyscope.scorers.outcomes import apply_outcomes
-from relyscope.shadow.grading import resolve_replays
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore
-from relyscope.scorers.review import GroupReview, score_reviewed
+from relyscope.scoring import GroupKey, ScoreStage, grade_rows_of, score_rows  # noqa: F401 (re-exported)
 from relyscope.collector import quarantine
 from relyscope.collector.budget import InflightBudget
 from relyscope.store import Store, StoreRejected, StoreUnavailable
@@ -69,8 +68,6 @@ from relyscope.store import Store, StoreRejected, StoreUnavailable
 __all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes", "default_spool_dir"]
 
 log = logging.getLogger("relyscope.pipeline")
-
-GroupKey = tuple[str, str, str]  # (agent, version, run_kind)
 
 # spool record: 1 tag byte + body. The tag says how to decode it again on replay.
 _TAG_PROTO = b"P"
@@ -151,8 +148,6 @@ class Pipeline:
                                          retain_s=settings.finalized_retain_s,
                                          retain_bytes=settings.finalized_cache_bytes, forget_evicted=True)
         self.stats = Stats()
-        self.scores: dict[GroupKey, GroupScore] = {}
-        self._dirty_groups: set[GroupKey] = set()
         self._cv = threading.Condition()
         # seq -> decoded batch (JSON, or a batch the store refused) or spool payload (protobuf)
         self._mem: collections.OrderedDict[int, DecodeResult | bytes] = collections.OrderedDict()
@@ -178,15 +173,14 @@ class Pipeline:
         self._flush_req = 0
         self._flush_done = 0
         self._threads: list[threading.Thread] = []
-        self._score_lock = threading.Lock()
-        self._rescore_lock = threading.Lock()
         self._last_error: str | None = None
         self.ready = False
         self._draining = False
         self._last_accept = 0.0  # monotonic time of the last spooled request
         self._append_failed_at: float | None = None  # monotonic time of the last failed append
         self._open_traces = 0
-        self._extras: dict[GroupKey, dict] = {}
+        self.scoring = ScoreStage(settings, store, self.policy, stop=self._stop,
+                                  store_error=lambda e: setattr(self, "_last_error", str(e)))
         # shadow replays and release gates (relyscope.shadow): the stage is attached by the sidecar
         from relyscope.scorers.gate import default_gate_policy, load_gate_policy
 
@@ -592,8 +586,7 @@ class Pipeline:
         self._store_ok()
         stored, self._pending_trials = self._pending_trials, []
         self.stats.trials_finalized += len(stored)
-        with self._score_lock:
-            self._dirty_groups.update((t.agent_name, t.agent_version, t.run_kind) for t in stored)
+        self.scoring.trials_stored(stored)
         return True
 
     def _emit_one_by_one(self) -> bool:
@@ -705,182 +698,29 @@ class Pipeline:
         return True
 
     def _score_loop(self) -> None:
-        # at start, score every group already in the store: after a restart the gauges and the
-        # report would otherwise stay empty until new spans arrive (dashboards go blank)
-        first = True
-        while first or not self._stop.wait(self.settings.score_interval_s):
-            try:
-                self.rescore(all_groups=first)
-                first = False
-            except Exception:  # noqa: BLE001 - store may be down: retry next interval
-                log.exception("scoring failed")
-                first = not self.scores
+        self.scoring.run()
+
+    @property
+    def scores(self) -> dict[GroupKey, GroupScore]:
+        """The latest published scores per group (see :class:`relyscope.scoring.ScoreStage`)."""
+        return self.scoring.scores
 
     def load_trials(self, **filters) -> list[Trial]:
         """Trials from the store with their outcomes resolved (metrics.md §6). Filters as
         :meth:`relyscope.store.Store.load_trials`."""
-        judged = self.store.judgements() if self.settings.judge_url else None
-        posted = self.store.outcomes()
-        trials = apply_outcomes(self.store.load_trials(**filters), posted, judged)
-        return resolve_replays(self.store, trials, posted, judged, self.policy)
-
-    def _windowed_trials(self, **filters) -> list[Trial]:
-        """Trials to score: with ``score_window_s`` set, those that ended within the window (rolling
-        metrics), except offline imports, which always count; else every stored trial."""
-        window = self.settings.score_window_s
-        if window is None or filters.get("run_kind") == "offline":
-            return self.load_trials(**filters)
-        since = time.time_ns() - int(window * 1e9)
-        recent = [t for t in self.load_trials(**filters, since_ns=since) if t.run_kind != "offline"]
-        if "run_kind" in filters:
-            return recent
-        return recent + self.load_trials(**{**filters, "run_kind": "offline"})
-
-    def _resolved_trials(self, **filters) -> list[Trial]:
-        trials = self._windowed_trials(**filters)
-        if self.settings.judge_url:
-            undecided = [t for t in trials if t.outcome == "unknown" and t.status == "complete"]
-            if undecided and self._judge(undecided):
-                trials = self._windowed_trials(**filters)
-        return trials
-
-    def _judge(self, trials: list[Trial]) -> int:
-        """Ask the configured LLM judge about up to ``judge_max_per_cycle`` undecided trials; store
-        the verdicts. Network errors are logged and retried next cycle. Returns verdicts stored."""
-        import httpx
-
-        from relyscope.scorers.judge import judge_request, parse_judge_reply
-
-        s = self.settings
-        headers = {"Authorization": f"Bearer {s.judge_api_key.get_secret_value()}"} if s.judge_api_key else {}
-        url = s.judge_url.rstrip("/") + "/chat/completions"
-        stored = 0
-        for t in trials[: s.judge_max_per_cycle]:
-            try:
-                r = httpx.post(url, json=judge_request(t, s.judge_model), headers=headers, timeout=s.judge_timeout_s)
-                r.raise_for_status()
-                ev = parse_judge_reply(r.json())
-            except (httpx.HTTPError, ValueError) as e:
-                log.warning("LLM judge call failed: %s", e)
-                break
-            if ev is not None:
-                self.store.insert_judgement(t.trial_id, ev, s.judge_model)
-                stored += 1
-        return stored
+        return self.scoring.load_trials(**filters)
 
     def report_extras(self, scores: dict) -> dict:
         """Per-group additions to the report (violations, attribution, worst tasks)."""
-        return {g: self._extras[g] for g in scores if g in self._extras}
+        return self.scoring.report_extras(scores)
 
     def rescore(self, *, all_groups: bool = False) -> dict[GroupKey, GroupScore]:
-        """Recompute scores of changed groups (or all) from the store; store and publish them.
-
-        Serialized: two overlapping rescores (the scorer thread and a flush) could otherwise
-        publish in the wrong order, the older snapshot of the trials overwriting the newer."""
-        with self._rescore_lock:
-            return self._rescore(all_groups)
-
-    def _rescore(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
-        with self._score_lock:
-            groups = set(self._dirty_groups)
-            self._dirty_groups.clear()
-        if not all_groups and not groups:
-            return dict(self.scores)
-        try:
-            if all_groups:
-                trials = self._resolved_trials()
-            else:  # only the groups whose trials changed: the store holds every other one
-                trials = [t for g in groups for t in self._resolved_trials(agent=g[0], version=g[1], run_kind=g[2])]
-        except Exception:
-            with self._score_lock:  # try these groups again next time
-                self._dirty_groups.update(groups)
-            raise
-        by_group: dict[GroupKey, list[Trial]] = collections.defaultdict(list)
-        for t in trials:
-            by_group[(t.agent_name, t.agent_version, t.run_kind)].append(t)
-        if all_groups:
-            groups = set(by_group) | set(self.scores)
-        rows, grade_rows = [], []
-        scores = dict(self.scores)
-        for g in groups:
-            if g not in by_group:
-                # no trial left (e.g. a nested agent scored as a provisional root, superseded when
-                # the real root arrived): no ghost group in the report and on /metrics
-                scores.pop(g, None)
-                self._extras.pop(g, None)
-                continue
-            gs, rv = score_reviewed(by_group[g], self.policy, n_boot=self.settings.n_boot, seed=0,
-                                    max_k=self.settings.max_k)
-            scores[g] = gs
-            self._extras[g] = rv.extras
-            rows += score_rows(g, gs, by_group[g], n_boot=self.settings.n_boot)
-            grade_rows += grade_rows_of(g, rv)
-        self.scores = scores  # one reference swap: readers never see a dict being changed
-        try:
-            self.store.insert_scores(rows)
-            self.store.insert_grades(grade_rows)
-        except StoreUnavailable as e:
-            self._last_error = str(e)
-        return dict(self.scores)
+        """Recompute scores of changed groups (or all) from the store; store and publish them."""
+        return self.scoring.rescore(all_groups=all_groups)
 
 
 _KIND_CODE = {"Unspecified": 0, "Internal": 1, "Server": 2, "Client": 3, "Producer": 4, "Consumer": 5}
 _STATUS_CODE = {"Unset": 0, "Ok": 1, "Error": 2}
-
-
-def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
-    """Rows for the ``grades`` table: one per trial, the grade as JSON, versioned by time."""
-    import dataclasses as _dc
-    import json
-
-    from relyscope.semconv import FORMULA_SET
-
-    now = time.time_ns()
-    out = []
-    for i, (tid, g) in enumerate(sorted(rv.grades.items())):
-        d = _dc.asdict(g)
-        out.append({"trial_id": tid, "agent": group[0], "version": group[1], "run_kind": group[2],
-                    "grade": json.dumps(d, default=str, ensure_ascii=True), "severity": float(g.severity),
-                    "attribution": g.attribution.category.value if g.attribution else "",
-                    "valid": bool(g.valid), "formula_set": FORMULA_SET, "version_ns": now + i})
-    return out
-
-
-def score_rows(group: GroupKey, gs: GroupScore, trials: list[Trial], *, n_boot: int) -> list[dict]:
-    """Rows for the ``scores`` table (one per metric), each naming how it was made."""
-    import json
-    import math
-
-    from relyscope.semconv import FORMULA_SET
-
-    start = min((t.start_ns for t in trials), default=0) / 1e9
-    end = max((t.end_ns for t in trials), default=0) / 1e9
-    now = time.time()
-    inputs = score_inputs_digest(trials)
-    rows = []
-    for metric, mv in gs.metrics.items():
-        rows.append({
-            "formula_set": FORMULA_SET, "agent": group[0], "version": group[1], "run_kind": group[2],
-            "metric": metric, "value": None if math.isnan(mv.value) else mv.value,
-            "ci_low": mv.ci[0] if mv.ci else None, "ci_high": mv.ci[1] if mv.ci else None,
-            "n_tasks": mv.n_tasks, "n_trials": mv.n_trials, "window_start": start,
-            "window_end": end, "n_boot": n_boot, "params": json.dumps({"ci": 0.95, "seed": 0}),
-            "computed_at": now, "inputs": inputs,
-        })
-    return rows
-
-
-def score_inputs_digest(trials: list[Trial]) -> str:
-    """A short digest (16 hex) of what a group's scores were computed from: each trial's id,
-    revision, status, resolved outcome, outcome score and confidence. Part of the ``scores`` key:
-    re-scoring unchanged inputs replaces a row, changed inputs (a late verdict) add one."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in sorted(trials, key=lambda t: t.trial_id):
-        h.update(repr((t.trial_id, t.revision, t.status, t.outcome, t.outcome_score,
-                       t.confidence)).encode("utf-8", "surrogatepass"))
-    return h.hexdigest()[:16]
 
 
 def default_spool_dir(dsn: str) -> str:

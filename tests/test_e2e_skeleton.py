@@ -96,8 +96,13 @@ def test_sdk_otlp_exporters_reach_store_and_metrics(sidecar, protocol):
     sidecar.flush()
     text = sidecar.get("/metrics").text
     # successes per task: t0 1/2, t1 0/2, t2 1/2 → pass^1 = mean(0.5, 0, 0.5) = 1/3, pass^2 = 0
-    line1 = [l for l in text.splitlines() if l.startswith("relyscope_score{") and 'metric="pass^1"' in l]
-    line2 = [l for l in text.splitlines() if l.startswith("relyscope_score{") and 'metric="pass^2"' in l]
+    per_window = [l for l in text.splitlines() if l.startswith("relyscope_score{") and 'metric="pass^1"' in l]
+    # one series per scoring window; every trial just ended, so all windows hold all six
+    assert sorted(l.split('window="')[1].split('"')[0] for l in per_window) == ["1h", "24h", "5m", "7d", "all"]
+    assert len({l.rsplit(" ", 1)[1] for l in per_window}) == 1
+    line1 = [l for l in per_window if 'window="all"' in l]
+    line2 = [l for l in text.splitlines() if l.startswith("relyscope_score{") and 'metric="pass^2"' in l
+             and 'window="all"' in l]
     assert len(line1) == 1 and 'agent="sdk-agent"' in line1[0] and 'version="2.0"' in line1[0]
     assert 'run_kind="production"' in line1[0] and 'k="1"' in line1[0]
     assert float(line1[0].rsplit(" ", 1)[1]) == pytest.approx(1 / 3)

@@ -22,10 +22,11 @@ from test_prometheus_scrape import RUNS, prometheus_binaries, promql_names, send
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "relyscope-reliability.json"
-SCORE_LABELS = {"agent", "version", "run_kind", "metric", "k"}
+SCORE_LABELS = {"agent", "version", "run_kind", "metric", "k", "window"}
 OTHER_LABELS = {"kind", "reason", "le", "instance", "job"}  # series labels + Prometheus target labels
 VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$agent": "shop-agent", "$version": "3.1",
-        "$run_kind": "production", "$metric": "pass^1", "$instance": ".*"}
+        "$run_kind": "production", "$metric": "pass^1", "$instance": ".*",
+        "$window": "all"}
 
 
 def _dashboard() -> dict:
@@ -78,7 +79,7 @@ def live(tmp_path_factory):
             names |= {"counter": {fam.name + "_total"}, "gauge": {fam.name},
                       "histogram": {fam.name + x for x in ("_bucket", "_sum", "_count")}}.get(fam.type, set())
         prom = start_prometheus(tmp_path_factory.mktemp("prometheus"), [f"127.0.0.1:{sc.api_port}"])
-        prom.wait_for('relyscope_score{metric="pass^1"}', len(RUNS))
+        prom.wait_for('relyscope_score{metric="pass^1", window="all"}', len(RUNS))
         yield names, prom
     finally:
         if prom is not None:

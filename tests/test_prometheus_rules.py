@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "alerts" / "relyscope-rules.yml"
 RULE_TESTS = DEPLOY / "alerts" / "relyscope-rules.test.yml"
-SCORE_LABELS = {"agent", "version", "run_kind", "metric", "k"}
+SCORE_LABELS = {"agent", "version", "run_kind", "metric", "k", "window"}
 
 
 def exposed_metric_names() -> set[str]:
@@ -60,9 +60,10 @@ def test_promtool_unit_tests_pass():
 
 
 @pytest.mark.parametrize("old,new", [
-    ("      ) > 0.10\n", "      ) > 0.30\n"),                 # drift margin: pass^1 fell by 0.20
-    ('relyscope_score{metric="S_comp", run_kind=~"production|canary"} < 1',
-     'relyscope_score{metric="S_comp", run_kind=~"production"} < 1'),  # canary violation unseen
+    ('relyscope_score{metric="S_comp", run_kind=~"production|canary", window="1h"} < 1',
+     'relyscope_score{metric="S_comp", run_kind=~"production", window="1h"} < 1'),  # canary unseen
+    ('relyscope:success_burn_rate{window="5m"} > 14.4', 'relyscope:success_burn_rate{window="5m"} > 20'),
+    ("relyscope_drift_flag == 1", "relyscope_drift_flag >= 0"),  # unflagged drops would page
     ("expr: relyscope_spool_oldest_age_seconds > 900", "expr: relyscope_spool_oldest_age_seconds > 9000"),
 ])
 def test_unit_tests_catch_a_broken_rule(tmp_path, old, new):
@@ -85,7 +86,8 @@ def test_every_alert_is_tested_firing_and_silent():
     assert alerts - silent == set()
     exprs = {c["expr"] for t in tests for c in t.get("promql_expr_test", [])}
     assert records <= exprs
-    assert {"RelyscopeReliabilityDrift", "RelyscopeReliabilityBelowFloor", "RelyscopeSafetyViolation",
+    assert {"RelyscopeDriftDetected", "RelyscopeSLOFastBurn", "RelyscopeSLOSlowBurn",
+            "RelyscopeReliabilityBelowFloor", "RelyscopeSafetyViolation",
             "RelyscopeSpansRejected", "RelyscopeSpoolStale", "RelyscopeSpoolGrowing",
             "RelyscopeStoreWriteErrors", "RelyscopeBackpressure", "RelyscopeNoSpans"} <= alerts
     for r in _rules():

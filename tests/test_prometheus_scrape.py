@@ -231,7 +231,8 @@ def _by_agent(series: list[dict]) -> dict[str, float]:
 
 def test_pass_hat_1_in_prometheus_equals_hand_computation(scraped):
     _, prom, _ = scraped
-    res = prom.wait_for('relyscope_score{metric="pass^1"}', 2)
+    assert len(prom.wait_for('relyscope_score{metric="pass^1"}', 10)) == 10  # 2 groups × 5 windows
+    res = prom.wait_for('relyscope_score{metric="pass^1", window="all"}', 2)
     # shop-agent: per task p̂ = 2/3, 0/2, 2/2 → pass^1 = (2/3 + 0 + 1) / 3 = 5/9
     # other-agent: 2/2 → 1
     assert len(res) == 2
@@ -239,21 +240,21 @@ def test_pass_hat_1_in_prometheus_equals_hand_computation(scraped):
     labels = {s["metric"]["agent"]: s["metric"] for s in res}
     assert labels["shop-agent"] == {"__name__": "relyscope_score", "agent": "shop-agent", "version": "3.1",
                                     "run_kind": "production", "metric": "pass^1", "k": "1",
-                                    "job": "relyscope", "instance": labels["shop-agent"]["instance"]}
+                                    "window": "all", "job": "relyscope", "instance": labels["shop-agent"]["instance"]}
 
 
 def test_other_metrics_and_counters_in_prometheus(scraped):
     _, prom, sent = scraped
-    q = '{agent="shop-agent", version="3.1", run_kind="production"}'
+    q = '{agent="shop-agent", version="3.1", run_kind="production", window="all"}'
     # pass^2 = mean_t C(c,2)/C(n,2) = (C(2,2)/C(3,2) + 0 + 1) / 3 = (1/3 + 1) / 3 = 4/9
-    assert float(prom.wait_for(f'relyscope_score{{metric="pass^2", agent="shop-agent"}}', 1)[0]["value"][1]) \
+    assert float(prom.wait_for(f'relyscope_score{{metric="pass^2", agent="shop-agent", window="all"}}', 1)[0]["value"][1]) \
         == pytest.approx(4 / 9, abs=1e-9)
     # C_out = mean_t (2p̂−1)² = ((1/3)² + 1 + 1) / 3 = 19/27; no k label (empty → absent)
-    c_out = prom.wait_for(f'relyscope_score{{metric="C_out", agent="shop-agent"}}', 1)[0]
+    c_out = prom.wait_for(f'relyscope_score{{metric="C_out", agent="shop-agent", window="all"}}', 1)[0]
     assert float(c_out["value"][1]) == pytest.approx(19 / 27, abs=1e-9)
     assert "k" not in c_out["metric"]
     # 3 tasks behind pass^1; 7 valid trials
-    assert float(prom.wait_for(f'relyscope_score_tasks{{metric="pass^1", agent="shop-agent"}}', 1)[0]["value"][1]) == 3
+    assert float(prom.wait_for(f'relyscope_score_tasks{{metric="pass^1", agent="shop-agent", window="all"}}', 1)[0]["value"][1]) == 3
     assert float(prom.wait_for('relyscope_group_trials' + q[:-1] + ', kind="valid"}', 1)[0]["value"][1]) == 7
     # every span sent was accepted: 9 trials × 3 spans
     assert sent == 27
@@ -264,11 +265,13 @@ def test_other_metrics_and_counters_in_prometheus(scraped):
 def test_ci_bounds_bracket_the_value(scraped):
     _, prom, _ = scraped
     # a CI is an interval containing the point estimate (pass^1 of shop-agent = 5/9)
-    res = prom.wait_for('relyscope_score_ci_low{metric="pass^1", agent="shop-agent"} <= on(agent, version, run_kind, metric, k) '
-                        'relyscope_score{metric="pass^1", agent="shop-agent"}', 1)
+    res = prom.wait_for('relyscope_score_ci_low{metric="pass^1", agent="shop-agent", window="all"} <= '
+                        'on(agent, version, run_kind, metric, k, window) '
+                        'relyscope_score{metric="pass^1", agent="shop-agent", window="all"}', 1)
     assert float(res[0]["value"][1]) <= 5 / 9
-    res = prom.wait_for('relyscope_score_ci_high{metric="pass^1", agent="shop-agent"} >= on(agent, version, run_kind, metric, k) '
-                        'relyscope_score{metric="pass^1", agent="shop-agent"}', 1)
+    res = prom.wait_for('relyscope_score_ci_high{metric="pass^1", agent="shop-agent", window="all"} >= '
+                        'on(agent, version, run_kind, metric, k, window) '
+                        'relyscope_score{metric="pass^1", agent="shop-agent", window="all"}', 1)
     assert float(res[0]["value"][1]) >= 5 / 9
 
 
@@ -282,7 +285,7 @@ def test_shipped_rules_load_and_evaluate_on_live_data(scraped):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len(rules) == 18
+    assert len(rules) == 21
     assert {r["name"]: r["health"] for r in rules if r["health"] != "ok"} == {}
     # the floors recording rule is evaluated by the server: 4 floors, pass^1's is 0.5
     floors = prom.wait_for("relyscope:score_floor", 4)

@@ -162,12 +162,13 @@ def import_tau_bench(
     err.print(f"imported {n} runs from {file} → {out or endpoint}")
 
 
-def _fetch_report(api: str, token: Optional[str]) -> Optional[dict]:
+def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) -> Optional[dict]:
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx.get(api.rstrip("/") + "/api/v1/report", headers=headers, timeout=30)
+        r = httpx.get(api.rstrip("/") + "/api/v1/report", headers=headers, timeout=30,
+                      params={"window": window} if window else None)
     except httpx.TransportError:
         return None
     if r.status_code == 401:
@@ -188,17 +189,27 @@ def _token_error(api: str, token: Optional[str]) -> None:
     raise typer.Exit(2)
 
 
-def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None) -> dict:
+def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
+                       window: Optional[str] = None) -> dict:
+    import time
+
     from relyscope.store import Store
 
     from relyscope.scorers.outcomes import apply_outcomes
+    from relyscope.scoring.rollup import window_start
+    from relyscope.scoring.windows import parse_windows
 
+    length = parse_windows(window)[0][1] if window else None
     st = Store(dsn)
     try:
         trials = apply_outcomes(st.load_trials(), st.outcomes())
     finally:
         st.close()
-    return _score_trials(trials, n_boot, policy_file)
+    if length is not None:  # the sidecar's alignment; offline imports keep their all-time view
+        since = window_start(time.time(), length) * 10**9
+        trials = [t for t in trials if t.run_kind == "offline" or t.end_ns >= since]
+    rep = _score_trials(trials, n_boot, policy_file)
+    return {**rep, "window": window} if window else rep
 
 
 def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None) -> dict:
@@ -224,9 +235,19 @@ def report(
     store: Optional[str] = typer.Option(None, help="open this store directly when no sidecar answers [RELYSCOPE_STORE]"),
     token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API"),
     n_boot: int = typer.Option(2000, min=0, help="bootstrap resamples when scoring from the store"),
+    window: Optional[str] = typer.Option(None, "--window", help="scoring window: 5m, 1h, 24h, 7d, all, or "
+                                         "another of RELYSCOPE_SCORE_WINDOWS (default: the sidecar's primary)"),
 ) -> None:
     """Print the reliability profile per agent / version / run kind."""
-    rep = _fetch_report(api, token)
+    if window:
+        from relyscope.scoring.windows import parse_windows
+
+        try:
+            parse_windows(window)
+        except ValueError as e:
+            err.print(f"[red]--window: {e}[/red]")
+            raise typer.Exit(2) from None
+    rep = _fetch_report(api, token, window)
     if rep is None:
         from relyscope.store import chdb_path
 
@@ -243,7 +264,7 @@ def report(
         from relyscope.store import StoreUnavailable
 
         try:
-            rep = _report_from_store(dsn, n_boot)
+            rep = _report_from_store(dsn, n_boot, window=window)
         except StoreUnavailable as e:
             err.print(f"[red]{e}[/red]")
             raise typer.Exit(1) from None

@@ -205,8 +205,16 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
                 "quarantine_records": q_records, "quarantine_bytes": q_bytes}
 
     @app.get("/api/v1/report", dependencies=[Depends(auth)])
-    def report(agent: str | None = None, version: str | None = None, run_kind: str | None = None) -> dict:
-        scores = {g: s for g, s in pipeline.scores.items()
+    def report(agent: str | None = None, version: str | None = None, run_kind: str | None = None,
+               window: str | None = None) -> dict:
+        # window: one of the sidecar's scoring windows (RELYSCOPE_SCORE_WINDOWS); default the primary
+        scoring = pipeline.scoring
+        name = window or scoring.primary_window
+        names = [n for n, _ in scoring.windows]
+        if name not in names:
+            raise HTTPException(422, f"unknown window {name!r}; this sidecar scores {', '.join(names)}")
+        source = scoring.window_scores.get(name, {}) if scoring.window_scores else pipeline.scores
+        scores = {g: s for g, s in source.items()
                   if (agent is None or g[0] == agent) and (version is None or g[1] == version)
                   and (run_kind is None or g[2] == run_kind)}
         rep = build_report(scores, pipeline.report_extras(scores))
@@ -214,7 +222,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
 
         if pipeline.gate_results:  # the latest verdict of each comparison gated so far
             rep["gates"] = gates_json(pipeline.gate_results, agent)
-        return rep
+        return {**rep, "window": name}
 
     @app.get("/api/v1/trials", dependencies=[Depends(auth)])
     async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,

@@ -2,14 +2,22 @@
 
 Reliability gauges are built at scrape time from the latest group scores:
 
-- ``relyscope_score{agent,version,run_kind,metric,k}`` — the metric value (0–1); ``metric`` is the
-  metrics.md §11 key (``pass^2``, ``C_out``, …), ``k`` the k of pass@k / pass^k (empty otherwise).
+- ``relyscope_score{agent,version,run_kind,metric,k,window}`` — the metric value (0–1); ``metric``
+  is the metrics.md §11 key (``pass^2``, ``C_out``, …), ``k`` the k of pass@k / pass^k (empty
+  otherwise), ``window`` the sliding window it covers (``5m``, ``1h``, ``24h``, ``7d``, ``all`` by
+  default: ``RELYSCOPE_SCORE_WINDOWS``; offline imports carry their all-time value in every window).
   Undefined (NaN) metrics are skipped, never exported as 0.
 - ``relyscope_score_ci_low`` / ``relyscope_score_ci_high`` — 95 % task-clustered bootstrap bounds.
 - ``relyscope_score_tasks`` — tasks the value is based on.
-- ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete}``.
+- ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete,window}``.
+- ``relyscope_drift_delta{agent,version,run_kind,metric,k}`` (current − reference window, metrics.md
+  §10), ``relyscope_drift_ci_low`` / ``_ci_high`` (its 95 % bootstrap CI) and ``relyscope_drift_flag``
+  (1 = CI excludes 0 and |Δ| > ``RELYSCOPE_DRIFT_THRESHOLD``); live groups only.
+- ``relyscope_label_sets_folded{run_kind}``: (agent, version) label sets beyond
+  ``RELYSCOPE_MAX_LABEL_SETS`` (default 50), scored together under ``agent="other",version="other"``.
 - ``relyscope_group_outcome_trials{agent,version,run_kind,outcome=success|failure|unknown}`` — trials
-  by resolved outcome; a group whose trials are all ``unknown`` has no success metrics.
+  by resolved outcome (from the report sections: the last hour of a live group, all trials of an
+  offline import); a group whose trials are all ``unknown`` has no success metrics.
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
@@ -43,21 +51,64 @@ class _ReliabilityCollector(Collector):
 
     def collect(self):
         p = self.p
-        labels = ["agent", "version", "run_kind", "metric", "k"]
+        labels = ["agent", "version", "run_kind", "metric", "k", "window"]
         val = GaugeMetricFamily("relyscope_score", "Reliability metric value (metrics.md, formula set relyscope-v1)", labels=labels)
         lo = GaugeMetricFamily("relyscope_score_ci_low", "Lower bound of the 95% task-clustered bootstrap CI", labels=labels)
         hi = GaugeMetricFamily("relyscope_score_ci_high", "Upper bound of the 95% task-clustered bootstrap CI", labels=labels)
         nt = GaugeMetricFamily("relyscope_score_tasks", "Tasks the metric value is based on", labels=labels)
-        tr = GaugeMetricFamily("relyscope_group_trials", "Trials per group", labels=["agent", "version", "run_kind", "kind"])
+        tr = GaugeMetricFamily("relyscope_group_trials", "Trials per group",
+                               labels=["agent", "version", "run_kind", "kind", "window"])
+        scoring = getattr(p, "scoring", None)
+        by_window = getattr(scoring, "window_scores", None) or {getattr(scoring, "primary_window", "all"): p.scores}
+        for window, scores in sorted(by_window.items()):
+            self._group(window, scores, val, lo, hi, nt, tr)
         oc = GaugeMetricFamily("relyscope_group_outcome_trials", "Trials per group by resolved outcome "
                                "(success, failure, unknown: unknown is counted, never dropped)",
                                labels=["agent", "version", "run_kind", "outcome"])
-        for (agent, version, run_kind), gs in sorted(p.scores.items()):
+        for (agent, version, run_kind), ex in sorted(p.report_extras(p.scores).items()):
+            for outcome, n in (ex.get("outcomes") or {}).items():
+                oc.add_metric([agent, version, run_kind, outcome], n)
+        yield from (val, lo, hi, nt, tr, oc)
+        yield from self._drift(getattr(scoring, "drift", None) or {})
+        folded = GaugeMetricFamily("relyscope_label_sets_folded", "(agent, version) label sets beyond "
+                                   "RELYSCOPE_MAX_LABEL_SETS scored together as agent=version='other'",
+                                   labels=["run_kind"])
+        for run_kind, n in sorted((getattr(scoring, "folded", None) or {}).items()):
+            folded.add_metric([run_kind], n)
+        yield folded
+        yield from self._self_metrics(p)
+
+    @staticmethod
+    def _drift(drift):
+        labels = ["agent", "version", "run_kind", "metric", "k"]
+        d = GaugeMetricFamily("relyscope_drift_delta", "Current minus reference window value of the metric "
+                              "(metrics.md §10; default last 1h vs the 24h before)", labels=labels)
+        lo = GaugeMetricFamily("relyscope_drift_ci_low", "Lower bound of the 95% task-clustered bootstrap CI of "
+                               "the drift delta", labels=labels)
+        hi = GaugeMetricFamily("relyscope_drift_ci_high", "Upper bound of the 95% CI of the drift delta", labels=labels)
+        fl = GaugeMetricFamily("relyscope_drift_flag", "1 when the drift CI excludes 0 and |delta| exceeds "
+                               "RELYSCOPE_DRIFT_THRESHOLD, else 0", labels=labels)
+        for (agent, version, run_kind), per in sorted(drift.items()):
+            for name, x in per.items():
+                if math.isnan(x.delta):
+                    continue
+                k = name[5:] if name.startswith(("pass^", "pass@")) else ""
+                lv = [agent, version, run_kind, name, k]
+                d.add_metric(lv, x.delta)
+                fl.add_metric(lv, 1.0 if x.flagged else 0.0)
+                if x.ci is not None:
+                    lo.add_metric(lv, x.ci[0])
+                    hi.add_metric(lv, x.ci[1])
+        yield from (d, lo, hi, fl)
+
+    @staticmethod
+    def _group(window, scores, val, lo, hi, nt, tr):
+        for (agent, version, run_kind), gs in sorted(scores.items()):
             for name, mv in gs.metrics.items():
                 if mv.value is None or math.isnan(mv.value):
                     continue
                 k = name[5:] if name.startswith(("pass^", "pass@")) else ""
-                lv = [agent, version, run_kind, name, k]
+                lv = [agent, version, run_kind, name, k, window]
                 val.add_metric(lv, float(mv.value))
                 nt.add_metric(lv, mv.n_tasks)
                 if mv.ci is not None and not any(math.isnan(c) for c in mv.ci):
@@ -65,14 +116,11 @@ class _ReliabilityCollector(Collector):
                     hi.add_metric(lv, float(mv.ci[1]))
             incomplete = getattr(gs, "incomplete_trials", 0)
             # kinds partition the trials (a trial both invalid and incomplete counts as invalid)
-            tr.add_metric([agent, version, run_kind, "valid"], gs.trials - gs.invalid_trials - incomplete)
-            tr.add_metric([agent, version, run_kind, "invalid"], gs.invalid_trials)
-            tr.add_metric([agent, version, run_kind, "incomplete"], incomplete)
-        for (agent, version, run_kind), ex in sorted(p.report_extras(p.scores).items()):
-            for outcome, n in (ex.get("outcomes") or {}).items():
-                oc.add_metric([agent, version, run_kind, outcome], n)
-        yield from (val, lo, hi, nt, tr, oc)
+            tr.add_metric([agent, version, run_kind, "valid", window], gs.trials - gs.invalid_trials - incomplete)
+            tr.add_metric([agent, version, run_kind, "invalid", window], gs.invalid_trials)
+            tr.add_metric([agent, version, run_kind, "incomplete", window], incomplete)
 
+    def _self_metrics(self, p):
         s = p.stats
         yield CounterMetricFamily("relyscope_spans_received", "Spans received over OTLP", value=s.received)
         yield CounterMetricFamily("relyscope_spans_accepted", "Spans accepted (durably spooled)", value=s.accepted)

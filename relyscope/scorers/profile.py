@@ -144,6 +144,45 @@ def _nanmean_rows(*arrays: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.where(k > 0, np.where(d, st, 0.0).sum(axis=-1) / k, np.nan)
 
 
+def _bootstrap_statistic(keys: Sequence[str], stats: Mapping[str, Any]):
+    """The vectorized statistic of :func:`relyscope.scorers.bootstrap.replicate` for
+    ``[dense per-task columns, positive histogram, negative histogram]``: every metric of ``keys``
+    per replicate row, from how ``stats`` says each is made of the column sums (shared by
+    :func:`score_group` and :func:`relyscope.scoring.stats.score_stats`)."""
+
+    def statistic(sums: list[NDArray[np.float64]]) -> NDArray[np.float64]:
+        d, hp, hn = sums
+        vals: dict[str, NDArray[np.float64]] = {}
+        for key in keys:
+            if key not in stats:  # not measured (safety without a policy): NaN replicates
+                vals[key] = np.full(d.shape[0], np.nan)
+                continue
+            kind, arg = stats[key]
+            if kind in ("ratio", "mean"):
+                v = _ratio(d[:, arg.start], d[:, arg.start + 1])
+            elif kind == "one_minus_ratio":
+                v = 1.0 - _ratio(d[:, arg.start], d[:, arg.start + 1])
+            elif kind == "nanmean":
+                v = _nanmean_rows(*(vals[a] for a in arg))
+            elif kind == "family":
+                s0 = arg.start
+                v = M.r_family_from_sums(d[:, s0], d[:, s0 + 1], d[:, s0 + 2], d[:, s0 + 3])
+            elif kind == "cal":
+                s0, nb = arg.start, M.N_CAL_BINS
+                v = 1.0 - M.ece_from_bins(d[:, s0 : s0 + nb], d[:, s0 + nb : s0 + 2 * nb], d[:, s0 + 2 * nb : s0 + 3 * nb])
+            elif kind == "auroc":
+                v = M.auroc_from_histograms(hp, hn)
+            elif kind == "alias":
+                v = vals[arg]
+            else:  # safety
+                sl, i = arg
+                v = M.safety_from_sums(d[:, sl.start], d[:, sl.start + 1], d[:, sl.start + 2])[:, i]
+            vals[key] = v
+        return np.stack([vals[k] for k in keys], axis=1)
+
+    return statistic
+
+
 def score_group(
     trials: Sequence[Trial],
     *,
@@ -352,35 +391,7 @@ def score_group(
     if n_boot > 0 and n_tasks > 0:
         dense = cols.matrix()
 
-        def statistic(sums: list[NDArray[np.float64]]) -> NDArray[np.float64]:
-            d, hp, hn = sums
-            vals: dict[str, NDArray[np.float64]] = {}
-            for key in keys:
-                if key not in stats:  # not measured (safety without a policy): NaN replicates
-                    vals[key] = np.full(d.shape[0], np.nan)
-                    continue
-                kind, arg = stats[key]
-                if kind in ("ratio", "mean"):
-                    v = _ratio(d[:, arg.start], d[:, arg.start + 1])
-                elif kind == "one_minus_ratio":
-                    v = 1.0 - _ratio(d[:, arg.start], d[:, arg.start + 1])
-                elif kind == "nanmean":
-                    v = _nanmean_rows(*(vals[a] for a in arg))
-                elif kind == "family":
-                    s0 = arg.start
-                    v = M.r_family_from_sums(d[:, s0], d[:, s0 + 1], d[:, s0 + 2], d[:, s0 + 3])
-                elif kind == "cal":
-                    s0, nb = arg.start, M.N_CAL_BINS
-                    v = 1.0 - M.ece_from_bins(d[:, s0 : s0 + nb], d[:, s0 + nb : s0 + 2 * nb], d[:, s0 + 2 * nb : s0 + 3 * nb])
-                elif kind == "auroc":
-                    v = M.auroc_from_histograms(hp, hn)
-                elif kind == "alias":
-                    v = vals[arg]
-                else:  # safety
-                    sl, i = arg
-                    v = M.safety_from_sums(d[:, sl.start], d[:, sl.start + 1], d[:, sl.start + 2])[:, i]
-                vals[key] = v
-            return np.stack([vals[k] for k in keys], axis=1)
+        statistic = _bootstrap_statistic(keys, stats)
 
         labels = None
         if strata is not None:

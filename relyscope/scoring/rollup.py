@@ -1,0 +1,485 @@
+"""Per-task rollups in ClickHouse: what the live scorer reads instead of the trial history.
+
+Data flow (all tables in the store's database; DDL in :data:`ROLLUP_SCHEMA`):
+
+- ``contrib_log`` (engine ``Null``: nothing is kept) receives one row per trial change:
+  ``+contribution`` of the trial's new state and ``−contribution`` of the state it replaces
+  (:func:`relyscope.scoring.stats.contribution`; sums are integers except a few float sums, so a
+  retraction cancels exactly for counts and resources), all changes of one sync batch in one INSERT.
+- Materialized views fan each row out to three resolutions (``level`` 1: minute buckets, 2: hour
+  buckets, 3: one all-time bucket) into ``task_stats`` and ``conf_stats``
+  (``SummingMergeTree``, ordered by group, level, bucket, task). A window's per-task statistics
+  are ``sum(...) GROUP BY task_id`` over its buckets at the coarsest level that fits it, so a query
+  reads at most ~360 rows per task whatever the history (:func:`level_for`).
+- ``contrib`` (``ReplacingMergeTree``, keyed by trial id, fed by a view) holds each trial's
+  current contribution: what to retract when the trial changes.
+- ``traj_sample`` (``ReplacingMergeTree``, fed by a view) holds the action sequences of successful nominal valid
+  runs for C_traj_d / C_traj_s; a window reads the most recent ``M`` per task (``LIMIT M BY``).
+- ``scoring_state`` holds the watermarks (trials ``version_ns``, outcome ``posted_at``, judgement
+  ``judged_at``) up to which changes have been folded in, so a restart continues where it stopped.
+
+Outcome resolution (metrics.md §6) happens *before* rolling up: a trial's contribution is made from
+the trial with its outcome resolved and its grade (§7 validity, §8 severity). Every input that can
+change a resolved trial is watched: a new or re-finalized trial (a newer row in ``trials``; a
+re-keyed one leaves a ``superseded`` tombstone, whose old id is then retracted), a posted outcome
+(``outcomes``, by trial or trace id), a judge verdict (``judgements``). Each change re-resolves only
+the trials it names and replaces their contribution (−old, +new). Watermarks are read with an
+overlap (:data:`OVERLAP_NS`) because concurrent writers may commit slightly out of time order;
+re-folding a trial whose contribution did not change writes nothing.
+
+Cost of :meth:`Rollup.sync`: proportional to the trials changed since the last sync (plus the
+overlap), never to the history. Raises :class:`relyscope.store.StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Final, Iterable
+
+import numpy as np
+
+from relyscope.model import Evaluation, Trial
+from relyscope.scorers.graders import grade_trial
+from relyscope.scorers.outcomes import apply_outcomes
+from relyscope.scorers.policy import Policy
+from relyscope.scorers.replay_outcome import is_sandbox_miss
+from relyscope.scorers.review import GroupReview, policy_for
+from relyscope.shadow.grading import resolve_replays
+from relyscope.scoring.stats import SUM_COLUMNS, Contribution, TaskStats, contribution
+from relyscope.store import Store
+
+__all__ = ["Rollup", "ROLLUP_SCHEMA", "LEVELS", "level_for", "OVERLAP_NS", "GroupKey"]
+
+log = logging.getLogger("relyscope.scoring.rollup")
+
+GroupKey = tuple[str, str, str]
+
+#: level → bucket size in seconds (0: one all-time bucket at the epoch).
+LEVELS: Final = {1: 60, 2: 3600, 3: 0}
+#: Re-read this much before each watermark (writers may commit slightly out of time order).
+OVERLAP_NS: Final = 30 * 10**9
+_MAX_BUCKETS: Final = 360  # a window uses the finest level with at most this many buckets
+_BATCH: Final = 5000  # trials re-resolved per store round trip
+
+_SUMS = ", ".join(f"{name} {typ}" for name, typ in SUM_COLUMNS)
+_SUM_NAMES = [name for name, _ in SUM_COLUMNS]
+_LEVEL_ARRAY = ("[(toUInt8(1), toStartOfInterval(end_time, INTERVAL 60 SECOND)), "
+                "(toUInt8(2), toStartOfInterval(end_time, INTERVAL 3600 SECOND)), "
+                "(toUInt8(3), toDateTime(0, 'UTC'))]")
+
+_LOG_COLS: Final = ["agent", "version", "run_kind", "trial_id", "task_id", "end_time", *_SUM_NAMES,
+                    "q", "y", "actions", "traj", "sign", "version_ns"]
+
+ROLLUP_SCHEMA: Final = [
+    # one row per change of a trial's contribution: sign −1 (sums already negated) retracts the
+    # old state, +1 adds the new one; one INSERT feeds every view below
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.contrib_log (
+        agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
+        trial_id String, task_id String, end_time DateTime64(9, 'UTC'), {_SUMS},
+        q Nullable(Float64), y Int8, actions Array(String), traj Bool, sign Int8, version_ns UInt64
+    ) ENGINE = Null""",
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.task_stats (
+        agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
+        level UInt8, bucket DateTime('UTC'), task_id String, {_SUMS},
+        max_end SimpleAggregateFunction(max, DateTime64(9, 'UTC'))
+    ) ENGINE = SummingMergeTree
+    ORDER BY (agent, version, run_kind, level, bucket, task_id)""",
+    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.task_stats_mv TO {{db}}.task_stats AS
+        SELECT agent, version, run_kind, lv.1 AS level, lv.2 AS bucket, task_id, {", ".join(_SUM_NAMES)},
+               end_time AS max_end
+        FROM {{db}}.contrib_log ARRAY JOIN {_LEVEL_ARRAY} AS lv""",
+    """CREATE TABLE IF NOT EXISTS {db}.conf_stats (
+        agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
+        level UInt8, bucket DateTime('UTC'), task_id String, q Float64, pos Int64, neg Int64
+    ) ENGINE = SummingMergeTree
+    ORDER BY (agent, version, run_kind, level, bucket, task_id, q)""",
+    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.conf_stats_mv TO {{db}}.conf_stats AS
+        SELECT agent, version, run_kind, lv.1 AS level, lv.2 AS bucket, task_id, assumeNotNull(q) AS q,
+               toInt64(if(y = 1, sign, 0)) AS pos, toInt64(if(y = 0, sign, 0)) AS neg
+        FROM {{db}}.contrib_log ARRAY JOIN {_LEVEL_ARRAY} AS lv WHERE q IS NOT NULL""",
+    """CREATE TABLE IF NOT EXISTS {db}.traj_sample (
+        agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
+        hour DateTime('UTC'), task_id String, trial_id String, end_time DateTime64(9, 'UTC'),
+        actions Array(String), alive Bool, version_ns UInt64
+    ) ENGINE = ReplacingMergeTree(version_ns)
+    ORDER BY (agent, version, run_kind, hour, task_id, trial_id)""",
+    """CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.traj_sample_mv TO {db}.traj_sample AS
+        SELECT agent, version, run_kind, toStartOfHour(end_time) AS hour, task_id, trial_id, end_time,
+               actions, sign > 0 AS alive, version_ns
+        FROM {db}.contrib_log WHERE traj""",
+    # the current contribution of each trial (what to retract next time); a retraction without a
+    # new state leaves a row with alive = 0
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.contrib (
+        agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
+        trial_id String, task_id String, end_time DateTime64(9, 'UTC'), {_SUMS},
+        q Nullable(Float64), y Int8, actions Array(String), traj Bool, alive Bool, version_ns UInt64
+    ) ENGINE = ReplacingMergeTree(version_ns)
+    ORDER BY trial_id""",
+    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.contrib_mv TO {{db}}.contrib AS
+        SELECT agent, version, run_kind, trial_id, task_id, end_time, {", ".join(_SUM_NAMES)},
+               q, y, actions, traj, sign > 0 AS alive, version_ns
+        FROM {{db}}.contrib_log""",
+    # the rollup looks trials up by trace id and by version: skip indexes keep these lookups
+    # from scanning the trials table (parts written before the index existed are still scanned)
+    "ALTER TABLE {db}.trials ADD INDEX IF NOT EXISTS rs_trace_bf trace_id TYPE bloom_filter GRANULARITY 1",
+    "ALTER TABLE {db}.trials ADD INDEX IF NOT EXISTS rs_version_mm version_ns TYPE minmax GRANULARITY 1",
+    """CREATE TABLE IF NOT EXISTS {db}.scoring_state (
+        name String, value Int64, updated_ns UInt64
+    ) ENGINE = ReplacingMergeTree(updated_ns) ORDER BY name""",
+]
+
+#: Tables holding rollup data (emptied by :meth:`Rollup.rebuild`).
+ROLLUP_TABLES: Final = ("task_stats", "conf_stats", "traj_sample", "contrib", "scoring_state")
+
+
+#: the longest span read at minute buckets: windows up to 6 h, and drift's 1 h + 24 h
+_MINUTE_LEVEL_MAX_S: Final = 25 * 3600
+
+
+def retention_ddl(minute_ttl_days: float = 2, hour_ttl_days: float = 400, traj_ttl_days: float = 30) -> list[str]:
+    """``ALTER TABLE … MODIFY TTL`` statements of the rollup tables: minute buckets (level 1)
+    deleted ``minute_ttl_days`` after their bucket, hour buckets (level 2) after
+    ``hour_ttl_days``; the all-time level and ``contrib`` (needed to retract a trial whenever it
+    changes) never expire; ``traj_sample`` rows after ``traj_ttl_days`` (all-time C_traj then uses
+    the most recent M runs still kept). Rollups outlive the spans and trials they came from when
+    those tables get shorter TTLs."""
+    m, h, t = (int(round(x * 86400)) for x in (minute_ttl_days, hour_ttl_days, traj_ttl_days))
+    out = []
+    for table in ("task_stats", "conf_stats"):
+        out.append(f"ALTER TABLE {{db}}.{table} MODIFY TTL bucket + toIntervalSecond({m}) WHERE level = 1, "
+                   f"bucket + toIntervalSecond({h}) WHERE level = 2")
+    out.append(f"ALTER TABLE {{db}}.traj_sample MODIFY TTL hour + toIntervalSecond({t})")
+    return out
+
+
+#: rows of one trial must meet on one shard (contrib's FINAL, traj_sample's replacement)
+_SHARD_KEY: Final = "cityHash64(trial_id)"
+
+
+def cluster_schema(cluster: str, *, zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}") -> list[str]:
+    """The rollup DDL for a ClickHouse cluster (NOT run against a server here; chDB has no
+    clusters): every statement ``ON CLUSTER``; stored tables on ``Replicated*MergeTree`` (with
+    ``zk_path`` and ``{replica}`` macros); ``contrib_log`` stays ``Null`` on every node with its
+    views, and a ``contrib_log_dist`` Distributed table sharded by trial id takes the inserts so
+    both rows of a change (−old, +new) and a trial's ``contrib`` rows land on one shard; reads go
+    through ``<table>_dist`` Distributed tables (the per-task sums add up across shards).
+    :class:`Rollup` itself still reads and writes the local names."""
+    out = []
+    for ddl in ROLLUP_SCHEMA:
+        if ddl.lstrip().startswith("ALTER TABLE {db}.trials"):
+            continue  # the store's own table: its cluster variant belongs to the store schema
+        m = re.match(r"\s*CREATE (TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", ddl)
+        assert m, ddl
+        name = m.group(2)
+        ddl = ddl.replace(f"{{db}}.{name}", f"{{db}}.{name} ON CLUSTER '{cluster}'", 1)
+        # the watermarks are one per deployment, not per shard: one replicated copy on every node
+        path = zk_path.replace("{table}", name).replace("{shard}", "all" if name == "scoring_state" else "{shard}")
+        ddl = re.sub(r"ENGINE = (Summing|Replacing)MergeTree(\(([^)]*)\))?",
+                     lambda e: f"ENGINE = Replicated{e.group(1)}MergeTree('{path}', '{{replica}}'"
+                               + (f", {e.group(3)}" if e.group(3) else "") + ")", ddl)
+        out.append(ddl)
+        if (name in ROLLUP_TABLES and name != "scoring_state") or name == "contrib_log":
+            out.append(f"CREATE TABLE IF NOT EXISTS {{db}}.{name}_dist ON CLUSTER '{cluster}' AS {{db}}.{name} "
+                       f"ENGINE = Distributed('{cluster}', currentDatabase(), {name}, {_SHARD_KEY if name in ('contrib_log', 'contrib', 'traj_sample') else 'rand()'})")
+    for ddl in retention_ddl():
+        out.append(ddl.replace(" MODIFY TTL", f" ON CLUSTER '{cluster}' MODIFY TTL", 1))
+    return out
+
+
+def level_for(window_s: float | None) -> tuple[int, int]:
+    """(level, bucket seconds) a window of ``window_s`` seconds is read at: the finest with at
+    most 360 buckets; ``None`` (all time) → level 3."""
+    if window_s is None:
+        return 3, 0
+    for level, size in LEVELS.items():
+        if size and window_s / size <= _MAX_BUCKETS:
+            return level, size
+    return 2, LEVELS[2]
+
+
+def window_start(now_s: float, window_s: float | None) -> int:
+    """Start (Unix seconds) of the window ending at ``now_s``: ``now − window`` rounded *down* to
+    the bucket size of its level, so the window covers whole buckets (it may reach up to one bucket
+    further back than ``window_s``). 0 for all time."""
+    level, size = level_for(window_s)
+    if not size:
+        return 0
+    return int((now_s - window_s) // size) * size
+
+
+@dataclass(frozen=True, slots=True)
+class _Current:
+    task_id: str
+    end_ns: int
+    ctb: Contribution
+
+
+class Rollup:
+    """Keeps the rollups of one store up to date and reads window statistics from them.
+
+    ``policy``: the sidecar's safety policy (applied per agent as the batch scorer does; None:
+    safety not measured). ``judge``: whether LLM-judge verdicts count (a judge is configured).
+    ``traj_sample``: M, the most recent successful runs per task used for C_traj (default 50).
+    ``write_grades``: also store each changed trial's grade in the ``grades`` table.
+    Retention (:func:`retention_ddl`, applied at every start so a changed setting takes effect):
+    minute buckets are kept ``minute_ttl_days``, hour buckets ``hour_ttl_days``, the all-time
+    bucket and the current contributions for ever, trajectory-sample rows ``traj_ttl_days``.
+    Raises ValueError when the minute buckets would expire before the windows that read them.
+    Thread-safety: ``sync`` is serialized; reads may run beside it.
+    """
+
+    def __init__(self, store: Store, policy: Policy | None = None, *, judge: bool = False,
+                 traj_sample: int = 50, write_grades: bool = True, minute_ttl_days: float = 2,
+                 hour_ttl_days: float = 400, traj_ttl_days: float = 30):
+        if minute_ttl_days * 86400 < _MINUTE_LEVEL_MAX_S or hour_ttl_days <= 0 or traj_ttl_days <= 0:
+            raise ValueError(f"minute rollups must be kept at least {_MINUTE_LEVEL_MAX_S / 86400:.2f} days "
+                             "(the longest window read at minute buckets) and the others > 0 days")
+        if traj_sample < 2:
+            raise ValueError("traj_sample must be >= 2 (C_traj needs two runs of a task)")
+        self.store = store
+        self.policy = policy
+        self.judge = judge
+        self.traj_sample = traj_sample
+        self.write_grades = write_grades
+        self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
+        self._lock = threading.Lock()
+        #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
+        #: caller empties it
+        self.undecided: list[Trial] = []
+        for ddl in ROLLUP_SCHEMA:
+            _command(store, ddl)
+        for ddl in retention_ddl(minute_ttl_days, hour_ttl_days, traj_ttl_days):
+            _command(store, ddl)
+
+    # ---- watermarks -----------------------------------------------------------------------------
+    def _state(self) -> dict[str, int]:
+        rows = self.store.query("SELECT name, value FROM {db}.scoring_state FINAL")
+        return {r[0]: int(r[1]) for r in rows}
+
+    def _save_state(self, st: dict[str, int]) -> None:
+        now = time.time_ns()
+        self.store._insert("scoring_state", [[k, v, now] for k, v in st.items()],
+                           ["name", "value", "updated_ns"])
+
+    # ---- sync -----------------------------------------------------------------------------------
+    def sync(self, trace_ids: Iterable[str] = ()) -> set[GroupKey]:
+        """Fold every change since the last sync into the rollups, and the trials of
+        ``trace_ids`` (known to have changed, e.g. told by the worker) whatever their versions.
+        Returns the groups whose statistics changed. Raises StoreUnavailable (nothing is lost:
+        the watermarks advance only after the rollups are written)."""
+        told = set(trace_ids)
+        with self._lock:
+            st = self._state()
+            wt, wo, wj = st.get("trials_wm", 0), st.get("outcomes_wm", 0), st.get("judge_wm", 0)
+            q = self.store.query
+            rows = q("SELECT trial_id, trace_id, version_ns FROM {db}.trials WHERE version_ns > %(w)s",
+                     {"w": max(0, wt - OVERLAP_NS)})
+            # rows of the overlap already folded by this process need no second pass
+            fresh = [r for r in rows if self._seen.get(r[0]) != int(r[2])]
+            trace_ids = {r[1] for r in fresh} | told
+            new_wt = max([wt] + [int(r[2]) for r in rows])
+            orows = q("SELECT key_kind, key, toUnixTimestamp64Nano(posted_at) FROM {db}.outcomes "
+                      "WHERE posted_at > fromUnixTimestamp64Nano(%(w)s)", {"w": max(0, wo - OVERLAP_NS)})
+            new_wo = max([wo] + [int(r[2]) for r in orows])
+            trace_ids |= {r[1] for r in orows if r[0] == "trace"}
+            by_trial = {r[1] for r in orows if r[0] == "trial"}
+            new_wj = wj
+            if self.judge:
+                jrows = q("SELECT trial_id, toUnixTimestamp64Milli(judged_at) FROM {db}.judgements "
+                          "WHERE judged_at > fromUnixTimestamp64Milli(%(w)s)", {"w": max(0, wj - OVERLAP_NS // 10**6)})
+                by_trial |= {r[0] for r in jrows}
+                new_wj = max([wj] + [int(r[1]) for r in jrows])
+            if by_trial:
+                trace_ids |= {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE trial_id IN %(ids)s",
+                                              {"ids": sorted(by_trial)})}
+            if trace_ids:  # replays of changed production runs resolve against them (§6 item 4)
+                trace_ids |= {r[0] for r in q(
+                    "SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN "
+                    "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(trace_ids)})}
+            changed: set[GroupKey] = set()
+            tids = sorted(trace_ids)
+            for i in range(0, len(tids), _BATCH):
+                changed |= self._refold(tids[i:i + _BATCH])
+            self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj})
+            self._seen.update((r[0], int(r[2])) for r in fresh)
+            horizon = new_wt - OVERLAP_NS
+            self._seen = {k: v for k, v in self._seen.items() if v > horizon}
+            return changed
+
+    def _refold(self, trace_ids: list[str]) -> set[GroupKey]:
+        """Re-resolve the trials of ``trace_ids`` and replace their contributions (−old, +new, in
+        one insert); retract those of trial ids these traces no longer have (superseded)."""
+        q = self.store.query
+        trials = self.store.load_trials(trace_ids=trace_ids)
+        ids = [t.trial_id for t in trials]
+        # every trial id these traces ever had (a re-keyed trial leaves a tombstone row)
+        all_ids = {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
+                                   {"t": trace_ids})} | set(ids)
+        resolved = self.resolve(trials)
+        prev = self._current(all_ids)
+        new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
+        grades: dict[GroupKey, dict] = {}
+        for t in resolved:
+            if t.outcome == "unknown" and t.status == "complete":
+                self.undecided.append(t)
+            pol = policy_for(self.policy, t.agent_name)
+            g = grade_trial(t, pol)
+            # a replay the sandbox could not answer measures the sandbox: invalid (as review_group)
+            ctb = contribution(t, severity=g.severity if pol is not None else 0.0,
+                               invalid=not g.valid or is_sandbox_miss(t))
+            group = (t.agent_name, t.agent_version, t.run_kind)
+            new_state[t.trial_id] = (group, _Current(t.task_id, t.end_ns, ctb))
+            grades.setdefault(group, {})[t.trial_id] = g
+        now = time.time_ns()
+        rows: list[list] = []
+        changed: set[GroupKey] = set()
+        for i, (tid, new) in enumerate(sorted(new_state.items())):
+            old = prev.get(tid)
+            if old == new:
+                continue  # nothing changed: write nothing
+            if old is not None:
+                rows.append(self._row(old[0], tid, old[1], -1, now + 2 * i))
+                changed.add(old[0])
+            if new is not None:
+                rows.append(self._row(new[0], tid, new[1], +1, now + 2 * i + 1))
+                changed.add(new[0])
+        # one INSERT: the rollups, the trajectory sample and the current contributions are all
+        # written by the materialized views of this one block
+        self.store._insert("contrib_log", rows, _LOG_COLS)
+        if self.write_grades:
+            from relyscope.scoring.stage import grade_rows_of  # the grades table's row shape
+
+            grade_rows = []
+            for group, gr in grades.items():
+                if group in changed:
+                    gr = {tid: g for tid, g in gr.items() if prev.get(tid) != new_state.get(tid)}
+                    grade_rows += grade_rows_of(group, GroupReview(gr, {}, frozenset(), {}))
+            self.store.insert_grades(grade_rows)
+        return changed
+
+    @staticmethod
+    def _row(group: GroupKey, tid: str, cur: _Current, sign: int, vns: int) -> list:
+        c = cur.ctb if sign > 0 else cur.ctb.negated()
+        return [*group, tid, cur.task_id, cur.end_ns, *c.sums, c.conf[0] if c.conf else None,
+                c.conf[1] if c.conf else -1, list(c.actions or ()), c.actions is not None, sign, vns]
+
+    def _current(self, trial_ids: Iterable[str]) -> dict[str, tuple[GroupKey, _Current]]:
+        ids = sorted(set(trial_ids))
+        if not ids:
+            return {}
+        rows = self.store.query(
+            f"SELECT agent, version, run_kind, trial_id, task_id, toUnixTimestamp64Nano(end_time), "
+            f"{', '.join(_SUM_NAMES)}, q, y, actions, traj FROM {{db}}.contrib FINAL WHERE trial_id IN %(ids)s AND alive",
+            {"ids": ids})
+        out = {}
+        k = len(_SUM_NAMES)
+        for r in rows:
+            sums = tuple(int(x) if isinstance(x, int) else float(x) for x in r[6:6 + k])
+            q, y, actions, traj = r[6 + k:]
+            ctb = Contribution(sums, (float(q), int(y)) if q is not None else None,
+                               tuple(actions) if traj else None)
+            out[r[3]] = ((r[0], r[1], r[2]), _Current(r[4], int(r[5]), ctb))
+        return out
+
+    def resolve(self, trials: list[Trial]) -> list[Trial]:
+        """``trials`` with their outcomes resolved (metrics.md §6, replays by item 4 against
+        their production runs), reading only the posted outcomes and verdicts that name them or
+        the production runs they replay."""
+        prod_ids = sorted({t.shadow_of for t in trials if t.shadow_of})
+        prods = self.store.load_trials(trial_ids=prod_ids) if prod_ids else []
+        both = [*trials, *prods]
+        ids = [t.trial_id for t in both]
+        posted = self._outcomes_for(ids, {t.trace_id for t in both})
+        judged = self._judgements_for(ids) if self.judge else None
+        return resolve_replays(self.store, apply_outcomes(trials, posted, judged), posted, judged, self.policy)
+
+    def _outcomes_for(self, trial_ids: list[str], trace_ids: set[str]):
+        if not trial_ids and not trace_ids:
+            return {}
+        rows = self.store.query(
+            "SELECT key_kind, key, outcome, score, source, verifier, toUnixTimestamp64Nano(posted_at) "
+            "FROM {db}.outcomes WHERE (key_kind = 'trial' AND key IN %(a)s) OR (key_kind = 'trace' AND key IN %(b)s) "
+            "ORDER BY posted_at", {"a": sorted(trial_ids) or [""], "b": sorted(trace_ids) or [""]})
+        out: dict = {}
+        for r in rows:
+            out.setdefault((r[0], r[1]), []).append((r[2], r[3], r[4], bool(r[5]), int(r[6])))
+        return out
+
+    def _judgements_for(self, trial_ids: list[str]) -> dict[str, Evaluation]:
+        if not trial_ids:
+            return {}
+        rows = self.store.query("SELECT trial_id, name, score, label, explanation FROM {db}.judgements FINAL "
+                                "WHERE trial_id IN %(ids)s", {"ids": sorted(trial_ids)})
+        return {r[0]: Evaluation(name=r[1], score=r[2], label=r[3], explanation=r[4]) for r in rows}
+
+    def rebuild(self) -> set[GroupKey]:
+        """Empty the rollups and fold the whole stored history in again (the repair after a
+        partly applied batch, or after changing the policy; cost: the history, once).
+        Returns the groups found. Raises StoreUnavailable."""
+        with self._lock:
+            for table in ROLLUP_TABLES:
+                _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
+            self._seen = {}
+        return self.sync()
+
+    # ---- reads ----------------------------------------------------------------------------------
+    def group_sizes(self) -> dict[GroupKey, int]:
+        """Every group with an all-time rollup → its trial count."""
+        return {(r[0], r[1], r[2]): int(r[3]) for r in self.store.query(
+            "SELECT agent, version, run_kind, sum(n_all) FROM {db}.task_stats WHERE level = 3 "
+            "GROUP BY agent, version, run_kind HAVING sum(n_all) != 0")}
+
+    def groups(self) -> list[GroupKey]:
+        """Every group with an all-time rollup."""
+        return [tuple(r) for r in self.store.query(
+            "SELECT DISTINCT agent, version, run_kind FROM {db}.task_stats WHERE level = 3 ORDER BY 1, 2, 3")]
+
+    def window_stats(self, group: GroupKey, since_s: int, window_s: float | None, *,
+                     until_s: int | None = None, level: int | None = None,
+                     members: list[tuple[str, str]] | None = None) -> TaskStats:
+        """Per-task statistics of ``group`` over the buckets from ``since_s`` (Unix seconds; see
+        :func:`window_start`) — and before ``until_s`` if given — at the level of ``window_s``
+        (None: all time) unless ``level`` is given, with the trajectory sample (the most recent
+        ``traj_sample`` successful runs per task that ended in the window). ``members``: pool
+        these (agent, version) pairs of run kind ``group[2]`` instead (sums are additive; a task id
+        shared by several of them is one task) — the cardinality cap's ``other`` group."""
+        level = level if level is not None else level_for(window_s)[0]
+        p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s or 2**31}
+        who = "agent = %(a)s AND version = %(v)s"
+        if members is not None:
+            who = "concat(agent, '\\0', version) IN %(av)s"
+            p["av"] = sorted(f"{a}\0{v}" for a, v in members) or [""]
+        where = (f"{who} AND run_kind = %(k)s AND level = %(l)s "
+                 "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
+        rows = self.store.query(
+            f"SELECT task_id, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
+            f"FROM {{db}}.task_stats WHERE {where} GROUP BY task_id HAVING sum(n_all) != 0 ORDER BY task_id", p)
+        ids = [r[0] for r in rows]
+        idx = {t: i for i, t in enumerate(ids)}
+        max_end = max((int(r[1]) for r in rows), default=0)
+        sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[2:]] for r in rows],
+                        dtype=object).reshape(len(ids), len(_SUM_NAMES))
+        hist = [(idx[r[0]], float(r[1]), int(r[2]), int(r[3])) for r in self.store.query(
+            f"SELECT task_id, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
+            "GROUP BY task_id, q HAVING sum(pos) != 0 OR sum(neg) != 0 ORDER BY task_id, q", p) if r[0] in idx]
+        traj: list[list[tuple[str, ...]]] = [[] for _ in ids]
+        p["m"] = self.traj_sample
+        p["hs"] = since_s // 3600 * 3600
+        for r in self.store.query(
+                f"SELECT task_id, actions FROM {{db}}.traj_sample FINAL WHERE {who} "
+                "AND run_kind = %(k)s AND hour >= toDateTime(%(hs)s, 'UTC') AND end_time >= toDateTime64(%(s)s, 9, 'UTC') "
+                "AND end_time < toDateTime64(%(u)s, 9, 'UTC') "
+                "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
+            if r[0] in idx:
+                traj[idx[r[0]]].append(tuple(r[1]))
+        return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
+
+
+def _command(store: Store, ddl: str) -> None:
+    """Run one DDL statement through the store's client (``{db}`` replaced)."""
+    with store._lock:
+        store._ready_client().command(ddl.replace("{db}", store.db))

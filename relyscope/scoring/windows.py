@@ -1,0 +1,48 @@
+"""Sliding scoring windows: names, parsing and alignment.
+
+A window is named like ``5m``, ``1h``, ``24h``, ``7d`` (``<n>`` then ``s``, ``m``, ``h`` or ``d``)
+or ``all`` (all time). The window ending now covers the rollup buckets from ``now − length``
+rounded down to its bucket size (:func:`relyscope.scoring.rollup.window_start`): minute buckets
+for windows up to 6 h, hour buckets beyond, so e.g. ``5m`` holds the trials that ended in the last
+5 to 6 minutes and ``24h`` those of the last 24 to 25 hours.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["parse_windows", "window_name", "DEFAULT_WINDOWS"]
+
+DEFAULT_WINDOWS: Final = "5m,1h,24h,7d,all"
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_RE: Final = re.compile(r"^(\d+)([smhd])$")
+
+
+def parse_windows(spec: str) -> list[tuple[str, float | None]]:
+    """``"5m,1h,all"`` → ``[("5m", 300.0), ("1h", 3600.0), ("all", None)]`` (order kept,
+    duplicates dropped). Raises ValueError naming the bad entry (empty, zero, unknown unit)."""
+    out: list[tuple[str, float | None]] = []
+    for raw in spec.split(","):
+        name = raw.strip()
+        if not name:
+            raise ValueError(f"empty window in {spec!r}")
+        if name == "all":
+            length = None
+        else:
+            m = _RE.match(name)
+            if not m or int(m.group(1)) == 0:
+                raise ValueError(f"bad window {name!r}: use <n>s|m|h|d (n > 0) or 'all'")
+            length = float(int(m.group(1)) * _UNITS[m.group(2)])
+        if name not in [n for n, _ in out]:
+            out.append((name, length))
+    return out
+
+
+def window_name(seconds: float) -> str:
+    """The shortest name of a window of ``seconds`` (``3600`` → ``1h``, ``90`` → ``90s``)."""
+    s = int(seconds)
+    for unit in ("d", "h", "m"):
+        if s % _UNITS[unit] == 0:
+            return f"{s // _UNITS[unit]}{unit}"
+    return f"{s}s"

@@ -1,0 +1,85 @@
+"""Scores from per-task sufficient statistics (relyscope.scoring.stats) equal the batch
+score_group of the same trials, for every metric, value, interval and count."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from live_traffic import grading, make_trial
+from relyscope.scorers.profile import score_group
+from relyscope.scoring.stats import contribution, score_stats, stats_from_contributions
+
+
+def assert_same(batch, inc, *, rel=1e-9):
+    assert (inc.tasks, inc.trials, inc.invalid_trials, inc.incomplete_trials) == (
+        batch.tasks, batch.trials, batch.invalid_trials, batch.incomplete_trials)
+    assert list(inc.metrics) == list(batch.metrics)
+    for key, b in batch.metrics.items():
+        i = inc.metrics[key]
+        assert (i.n_tasks, i.n_trials) == (b.n_tasks, b.n_trials), key
+        if math.isnan(b.value):
+            assert math.isnan(i.value), key
+        else:
+            assert i.value == pytest.approx(b.value, rel=rel, abs=1e-12), key
+        if b.ci is None:
+            assert i.ci is None, key
+        else:
+            assert i.ci == pytest.approx(b.ci, rel=rel, abs=1e-12), key
+
+
+def incremental(trials, sev, invalid, **kw):
+    rows = [(t.task_id, contribution(t, severity=sev.get(t.trial_id, 0.0) if sev else 0.0,
+                                     invalid=t.trial_id in invalid)) for t in trials]
+    return score_stats(stats_from_contributions(rows), safety_measured=sev is not None, **kw)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_metric_equals_batch(seed):
+    rng = random.Random(seed)
+    trials = [make_trial(rng, i, task=f"t{rng.randint(0, 30):03d}", end_ns=10**18 + i) for i in range(400)]
+    sev, invalid = grading(rng, trials)
+    # score_group indexes tasks by first appearance; score_stats by sorted task id
+    ordered = sorted(trials, key=lambda t: t.task_id)
+    batch = score_group(ordered, severities=sev, invalid=invalid, n_boot=200, seed=3, max_k=6)
+    assert_same(batch, incremental(trials, sev, invalid, n_boot=200, seed=3, max_k=6))
+
+
+def test_without_policy_and_empty():
+    rng = random.Random(7)
+    trials = [make_trial(rng, i, task=f"t{i % 5}", end_ns=10**18) for i in range(40)]
+    ordered = sorted(trials, key=lambda t: t.task_id)
+    assert_same(score_group(ordered, n_boot=50), incremental(trials, None, set(), n_boot=50))
+    empty = score_stats(stats_from_contributions([]), safety_measured=True, n_boot=50)
+    assert empty.trials == 0 and math.isnan(empty.metrics["success_rate"].value)
+
+
+def test_retraction_cancels_exactly():
+    """A contribution added then retracted leaves the statistics (and every score) as if the trial
+    had never been seen: what a late outcome or a re-finalized trial does to the rollup."""
+    rng = random.Random(11)
+    trials = [make_trial(rng, i, task=f"t{i % 7}", end_ns=10**18) for i in range(120)]
+    rows = [(t.task_id, contribution(t, severity=0.5 if i % 9 == 0 else 0.0)) for i, t in enumerate(trials)]
+    extra = [(t.task_id, contribution(t, severity=1.0)) for t in trials[:30]]
+    with_retraction = rows + extra + [(task, c.negated()) for task, c in extra]
+    a = score_stats(stats_from_contributions(rows), safety_measured=True, n_boot=100)
+    b = score_stats(stats_from_contributions(with_retraction), safety_measured=True, n_boot=100)
+    assert_same(a, b, rel=1e-12)
+
+
+def test_c_res_hand_worked():
+    """Two trials of one task with wall times 1 s and 3 s, everything else equal: CV(wall) =
+    std(ddof=1)/mean = sqrt(2)/2; cost, calls and tokens have CV 0 and tool errors (all 0) are skipped, so
+    C_res = exp(-(√2/2)/5)."""
+    rng = random.Random(0)
+    a = make_trial(rng, 1, task="x", end_ns=10**18)
+    import dataclasses
+    a = dataclasses.replace(a, start_ns=10**18 - 1_000_000_000, cost_usd=0.01, model_calls=2, tool_calls=1,
+                            total_tokens=100, tool_errors=0, status="complete", perturbation_family=None)
+    b = dataclasses.replace(a, trial_id="b", start_ns=10**18 - 3_000_000_000)
+    s = score_stats(stats_from_contributions([("x", contribution(a)), ("x", contribution(b))]),
+                    safety_measured=False, n_boot=0)
+    # tool_errors: mean = std = 0 → skipped; five resources remain
+    assert s.metrics["C_res"].value == pytest.approx(math.exp(-(math.sqrt(2) / 2) / 5))
