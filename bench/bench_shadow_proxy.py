@@ -47,7 +47,7 @@ def lookup(i: int) -> dict:
 
 def agent_body(n: int, record: bool) -> None:
     t_run = time.perf_counter()
-    with agent_run("bench-agent", task_id="bench-task", version="1.0"):
+    with agent_run("bench-agent", task_id="bench-task", version="1.0", input="look things up"):
         for i in range(n):
             t0 = time.perf_counter()
             lookup(i)
@@ -86,7 +86,7 @@ def main() -> None:
         # baseline: the direct call, wrapper and span included
         direct = []
         for _ in range(3):
-            with agent_run("bench-agent", task_id="bench-task", version="1.0"):
+            with agent_run("bench-agent", task_id="bench-task", version="1.0", input="look things up"):
                 for i in range(a.calls):
                     t0 = time.perf_counter()
                     lookup(i)
@@ -103,7 +103,7 @@ def main() -> None:
         LAT.clear()
         AGENT_S.clear()
         a.calls = 1
-        with agent_run("bench-agent", task_id="short", version="1.0"):
+        with agent_run("bench-agent", task_id="short", version="1.0", input="short"):
             pass
         for _ in range(a.replays):
             agent_body(1, False)

@@ -122,7 +122,8 @@ class Settings(BaseSettings):
     shadow_fault_retry_after_s: float = Field(1.0, ge=0, description="Retry-After of an injected 429")
     shadow_fault_mix: dict[str, float] | None = Field(None, description="fault type → probability (default: "
                                                       "metrics.md §4 mix; must sum to 1)")
-    shadow_fault_tools: list[str] | None = Field(None, description="tools faults are injected into (default: all)")
+    shadow_fault_tools: list[str] | None = Field(None, description="tools (names or globs) faults are injected "
+                                                 "into (default: all)")
     shadow_env_strength: str = Field("medium", description="env perturbation strength: mild | medium | severe")
     shadow_prompt_strength: str = Field("mild", description="prompt rewrite strength: mild | medium | strong | naturalistic")
     shadow_live_tools: list[str] = Field(default_factory=list, description="read-only tools (names or globs) "

@@ -14,7 +14,7 @@ from relyscope.store import Store
 
 def test_demo_persists_scores_and_grades_idempotently(tmp_path):
     data = tmp_path / "demo"
-    r = subprocess.run([str(BIN), "demo", "--format", "json", "--data-dir", str(data)],
+    r = subprocess.run([str(BIN), "demo", "--format", "json", "--no-shadow", "--tasks", "8", "--data-dir", str(data)],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)["groups"][0]

@@ -103,7 +103,14 @@ def test_recorded_error_replays_as_error_not_injected_fault():
 def test_replayable_needs_every_tool_result():
     assert replayable(PROD) == (True, None)
     ok, why = replayable(trial([step(1, "get_order", {"id": 1})]))
+    assert not ok and "no tool result recorded at all" in why
+    ok, why = replayable(trial([step(1, "lookup", {"id": 1}, {"a": 1}, se="read"), step(2, "get_order", {"id": 1})]))
     assert not ok and "get_order" in why
+    # a procedure (side-effecting, returned nothing) is replayable: answered with null
+    assert replayable(trial([step(1, "get_order", {"id": 1}, {"a": 1}, se="read"),
+                             step(2, "send_mail", {"to": "x"}, None, se="write")])) == (True, None)
+    ok, why = replayable(trial(PROD.steps, task_input=None))
+    assert not ok and "task input" in why
 
 
 def test_sampler_is_deterministic_and_capped():
@@ -253,3 +260,36 @@ def test_partial_gate_policy_changes_only_the_keys_it_names():
     p = parse_gate_policy({"metrics": {"success_rate": {"max_regression": 0.1}, "C_out": None}})
     assert p.metrics["success_rate"].max_regression == 0.1
     assert "S_comp" in p.metrics and "C_out" not in p.metrics and "R_fault" in p.metrics
+
+
+def test_equivalence_by_value_and_by_either_sides_labels():
+    """Bugs: amount 30.0 vs 30 counted as different calls; a candidate that newly labels a tool
+    irreversible, making the identical call, was graded failure."""
+    replay = trial([step(3, "issue_refund", {"id": 1, "amount": 30.0}, {"ok": True}, se="irreversible")],
+                   tid="r", outcome="unknown", run_kind="shadow", shadow_of="t1")
+    assert equivalence_outcome(replay, PROD) == "success"
+    unlabeled_prod = trial([step(3, "issue_refund", {"id": 1, "amount": 30}, {"ok": True})], outcome="success")
+    assert equivalence_outcome(replay, unlabeled_prod) == "success"
+
+
+def test_sandbox_fault_tools_take_globs():
+    inj = FaultInjector(1.0, {"http_500": 1.0})
+    s = SandboxSession("r", recorded_calls(PROD), family="fault", injector=inj, fault_tools=["get_*"])
+    assert s.answer({"name": "get_order", "arguments": {"id": 1}}).envelope["outcome"] == "fault"
+    assert s.answer({"name": "issue_refund", "arguments": {"id": 1, "amount": 30}}).envelope["outcome"] == "result"
+
+
+def test_prompt_variants_equal_to_the_input_are_not_replayed():
+    specs, notes = plan_replays(PROD, ["1.0"], k=1, j=3, rewrite=lambda text, seed, st: [text, text + "!", text])
+    assert [s.input for s in specs if s.family == "prompt"] == ["refund ORD-1!"]
+    assert any("unchanged" in n for n in notes)
+
+
+def test_harness_rates_shrink_toward_the_pooled_rate():
+    from relyscope.shadow.grading import production_success_rates
+
+    trials = [trial([], tid=f"a{i}", outcome="success") for i in range(4)] + [trial([], tid="b", outcome="failure")]
+    trials = [dataclasses.replace(t, task_id="A" if t.trial_id.startswith("a") else "B") for t in trials]
+    r = production_success_rates(trials)
+    # pooled 4/5 = 0.8; A: (4 + 2·0.8)/(4 + 2) = 0.9333; B: (0 + 1.6)/(1 + 2) = 0.5333
+    assert abs(r["A"] - 5.6 / 6) < 1e-12 and abs(r["B"] - 1.6 / 3) < 1e-12

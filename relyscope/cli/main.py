@@ -154,9 +154,15 @@ def import_tau_bench(
     else:
         tp = _provider(endpoint, protocol, "tau-bench-import")
     total = count_runs(str(file))
+
+    def progress(done: int) -> None:
+        prog.update(task, completed=done)
+        if done % 50 == 0:  # the SDK's batch queue drops spans when a burst overfills it: drain it
+            tp.force_flush()
+
     with _progress() as prog:
         task = prog.add_task(f"importing {file.name}", total=total)
-        n = replay_tau_bench(str(file), tracer_provider=tp, on_progress=lambda done: prog.update(task, completed=done))
+        n = replay_tau_bench(str(file), tracer_provider=tp, on_progress=progress)
     tp.force_flush()
     tp.shutdown()
     err.print(f"imported {n} runs from {file} → {out or endpoint}")

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import inspect
+import math
 import json
 import re
 import socket
@@ -183,7 +185,8 @@ class ReplayRequest:
         if url is not None and urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise ReplayProtocolError("tool_proxy.url: an http(s) URL is required")
         deadline = body.get("deadline_s", 60.0)
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline) \
+                or deadline <= 0:
             raise ReplayProtocolError("deadline_s: a positive number of seconds is required")
         strength = pert.get("strength")
         if strength is not None and not isinstance(strength, str):
@@ -337,7 +340,9 @@ def run_replay(request: ReplayRequest | Mapping[str, Any], agent: Callable[[Repl
         _RUNNING.add(active)
     status, error = "completed", None
     try:
-        agent(req.task)
+        out = agent(req.task)
+        if inspect.isawaitable(out):  # an async entry point: run it here (ReplayApp: a worker thread)
+            asyncio.run(_awaited(out))
     except Exception as e:  # noqa: BLE001 - the agent's failure is the replay's result, not ours
         status, error = "failed", f"{type(e).__qualname__}: {e}"
     finally:
@@ -353,6 +358,10 @@ def run_replay(request: ReplayRequest | Mapping[str, Any], agent: Callable[[Repl
                 fn()
     trace_id = req.traceparent.split("-")[1] if req.traceparent else None
     return {"replay_id": req.replay_id, "status": status, "trace_id": trace_id, "error": error}
+
+
+async def _awaited(aw: Any) -> Any:
+    return await aw
 
 
 class ReplayApp:
@@ -409,8 +418,8 @@ class ReplayApp:
                 break
         try:
             req = ReplayRequest.from_json(json.loads(b"".join(chunks) or b"null"))
-        except ValueError as e:  # JSONDecodeError and ReplayProtocolError
-            return await _send_json(send, 400, {"error": str(e)})
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, ReplayProtocolError, deep nesting
+            return await _send_json(send, 400, {"error": str(e) or "body nested too deeply"})
         reply = await asyncio.get_running_loop().run_in_executor(
             None, lambda: run_replay(req, self.agent, tracer_provider=self.tracer_provider))
         await _send_json(send, 200, reply)

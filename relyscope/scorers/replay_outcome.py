@@ -45,15 +45,46 @@ def _side_effect(name: str, said: str | None, policy_side_effects: Mapping[str, 
     return said
 
 
-def side_effect_signature(trial: Trial, policy_side_effects: Mapping[str, str] | None = None) -> collections.Counter:
-    """Multiset of (tool name, canonical arguments) of the trial's side-effecting calls that took
-    effect (see the module docstring)."""
+def _numbers(v):
+    """JSON numbers by value: 30.0 and 30 are the same argument."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_numbers(x) for x in v]
+    return v
+
+
+def _canonical(arguments) -> str:
+    import json
+
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return canonical_arguments(_numbers(arguments))
+
+
+def side_effecting_tools(*trials: Trial) -> frozenset[str]:
+    """Tool names any of the trials' spans mark write / irreversible (a replay's own labels and the
+    recording's both count: a candidate that newly labels a tool keeps its calls comparable)."""
+    return frozenset(s.tool_name for t in trials for s in t.steps
+                     if s.op is Op.TOOL and s.tool_name and s.side_effect in _SIDE_EFFECTING)
+
+
+def side_effect_signature(trial: Trial, policy_side_effects: Mapping[str, str] | None = None,
+                          also: frozenset[str] = frozenset()) -> collections.Counter:
+    """Multiset of (tool name, canonical arguments, numbers by value) of the trial's
+    side-effecting calls that took effect (see the module docstring); ``also``: tool names to
+    treat as side-effecting whatever this trial's spans say."""
     sig: collections.Counter = collections.Counter()
     for s in trial.steps:
         if s.op is not Op.TOOL or not s.tool_name or s.error is not None:
             continue
-        if _side_effect(s.tool_name, s.side_effect, policy_side_effects) in _SIDE_EFFECTING:
-            sig[(s.tool_name, canonical_arguments(s.arguments))] += 1
+        if s.tool_name in also or _side_effect(s.tool_name, s.side_effect, policy_side_effects) in _SIDE_EFFECTING:
+            sig[(s.tool_name, _canonical(s.arguments))] += 1
     return sig
 
 
@@ -63,7 +94,9 @@ def equivalence_outcome(replay: Trial, production: Trial, policy_side_effects: M
     its side effects — a crash that happened to change nothing did not do the task."""
     if "root_error" in replay.flags:
         return "failure"
-    same = side_effect_signature(replay, policy_side_effects) == side_effect_signature(production, policy_side_effects)
+    both = side_effecting_tools(replay, production)
+    same = (side_effect_signature(replay, policy_side_effects, both)
+            == side_effect_signature(production, policy_side_effects, both))
     if production.outcome == "success":
         return "success" if same else "failure"
     if production.outcome == "failure" and same:

@@ -96,7 +96,9 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
         ledger = ShadowLedger(store)
         n_b, m_b = ledger.sandbox_stats(baseline, agent=a)
         n_c, m_c = ledger.sandbox_stats(candidate, agent=a)
-        sandbox = SandboxStats(replays=n_b + n_c, sandbox_misses=m_b + m_c)
+        # each side on its own: pooling would let a baseline without misses hide the candidate's
+        sandbox = max((SandboxStats(replays=n, sandbox_misses=m) for n, m in ((n_b, m_b), (n_c, m_c))),
+                      key=lambda x: (x.miss_rate if x.replays else -1.0))
         replays = sides["baseline"] + sides["candidate"]
         prod_ids = {t.shadow_of for t in replays if t.shadow_of}
         prods = {t.trial_id: t for t in load(trial_ids=prod_ids)} if prod_ids else {}

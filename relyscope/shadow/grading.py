@@ -89,10 +89,18 @@ def harness_check(replays: Sequence[Trial], productions: Mapping[str, Trial],
     return HarnessCheck(n, agree, expected, variance)
 
 
-def production_success_rates(trials: Sequence[Trial]) -> dict[str, float]:
-    """task id → success rate over the trials with a known outcome (complete runs only)."""
+def production_success_rates(trials: Sequence[Trial], prior_weight: float = 2.0) -> dict[str, float]:
+    """task id → estimated success probability p_t from the trials with a known outcome (complete
+    runs only), shrunk toward the pooled rate p̄ of all these trials:
+    ``p_t = (c_t + m·p̄) / (n_t + m)`` with ``m = prior_weight`` (a beta-binomial posterior mean).
+    With one production run per task the raw rate is 0 or 1 and would call every stochastic agent
+    deterministic (and a faithful sandbox harness drift); many runs make the prior vanish."""
     c: dict[str, list[int]] = {}
     for t in trials:
         if t.status == "complete" and t.outcome in ("success", "failure"):
             c.setdefault(t.task_id, []).append(t.outcome == "success")
-    return {k: sum(v) / len(v) for k, v in c.items()}
+    total = sum(len(v) for v in c.values())
+    if not total:
+        return {}
+    pooled = sum(sum(v) for v in c.values()) / total
+    return {k: (sum(v) + prior_weight * pooled) / (len(v) + prior_weight) for k, v in c.items()}

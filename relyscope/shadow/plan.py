@@ -65,7 +65,13 @@ def plan_replays(trial: Trial, targets: Sequence[str], *, k: int = 5, j: int = 5
     variants: list[str] = []
     if "prompt" in families and j:
         if trial.task_input and rewrite is not None:
-            variants = list(rewrite(trial.task_input, stable_seed(trial.trial_id, "prompt"), prompt_strength))[:j]
+            raw = list(rewrite(trial.task_input, stable_seed(trial.trial_id, "prompt"), prompt_strength))[:j]
+            # an input the rewriter could not change is no prompt perturbation (R_prompt would be 1
+            # by construction): only variants that differ are replayed
+            variants = [v for v in raw if v != trial.task_input]
+            if len(variants) < len(raw):
+                notes.append(f"prompt family: {len(raw) - len(variants)} of {len(raw)} rewrites left the input "
+                             "unchanged and were dropped")
         else:
             notes.append("prompt family skipped: " + ("no recorded task input" if not trial.task_input
                                                       else "no prompt rewriter"))

@@ -70,14 +70,21 @@ def recorded_calls(trial: Trial) -> list[RecordedCall]:
 
 
 def replayable(trial: Trial) -> tuple[bool, str | None]:
-    """Whether a production trial can be replayed: every tool call has its result (or its error)
-    recorded — tool content capture is opt-in, so without it the sandbox could answer nothing.
-    Returns ``(ok, reason)``; ``reason`` names the first call without a result."""
-    for s in trial.steps:
-        if s.op is Op.TOOL and s.tool_name and s.result is None and s.error is None:
-            return False, f"no recorded tool result for {s.tool_name!r} (enable tool content capture)"
+    """Whether a production trial can be replayed: its task input is recorded (the replay sends it
+    again) and every read-only tool call has its result (or its error) recorded — tool content
+    capture is opt-in, so without it the sandbox could answer nothing. A side-effecting call
+    (write / irreversible) without a result is a procedure that returned nothing: answered with
+    null. Returns ``(ok, reason)``; ``reason`` names what is missing."""
     if trial.status != "complete":
         return False, f"trial is {trial.status}"
+    if not trial.task_input:
+        return False, "no recorded task input (pass input= to agent_run, or record gen_ai.input.messages)"
+    tools = [s for s in trial.steps if s.op is Op.TOOL and s.tool_name]
+    if tools and all(s.result is None and s.error is None for s in tools):
+        return False, "no tool result recorded at all (enable tool content capture)"
+    for s in tools:
+        if s.result is None and s.error is None and s.side_effect not in SIDE_EFFECTING:
+            return False, f"no recorded tool result for {s.tool_name!r} (enable tool content capture)"
     return True, None
 
 
@@ -136,13 +143,14 @@ class SandboxSession:
     def __init__(self, replay_id: str, recorded: Sequence[RecordedCall], *, family: str = "nominal",
                  seed: int = 0, strength: str | None = None, injector: Any = None,
                  live_tools: Collection[str] = (), policy_side_effects: Mapping[str, str] | None = None,
-                 perturb: Callable[..., Any] | None = None):
+                 perturb: Callable[..., Any] | None = None, fault_tools: Collection[str] | None = None):
         self.replay_id = replay_id
         self.recorded = list(recorded)
         self.family = family
         self.seed = seed
         self.strength = strength
         self.injector = injector if family == "fault" else None
+        self.fault_tools = tuple(fault_tools) if fault_tools is not None else None
         self.live_tools = tuple(live_tools)
         self.policy_side_effects = dict(policy_side_effects or {})
         self._perturb = perturb
@@ -216,7 +224,8 @@ class SandboxSession:
                                 "message": f"sandbox: no recorded result for {name} with these arguments "
                                            f"(call {entry['index']}); the replay is marked sandbox_miss"},
                                status=404)
-        if self.injector is not None:
+        if self.injector is not None and (self.fault_tools is None
+                                          or any(fnmatch.fnmatchcase(name, p) for p in self.fault_tools)):
             fault = self.injector.draw(self.seed, entry["index"], name, rec.result)
             if fault is not None:
                 env = {"type": fault.type, "status": fault.status, "retry_after_s": fault.retry_after_s,

@@ -60,7 +60,7 @@ class ShadowStage:
 
         self.injector = FaultInjector(s.shadow_p_fault, s.shadow_fault_mix or FAULT_MIX,
                                       timeout_s=s.shadow_fault_timeout_s,
-                                      retry_after_s=s.shadow_fault_retry_after_s, tools=s.shadow_fault_tools)
+                                      retry_after_s=s.shadow_fault_retry_after_s)  # tools: globs, per session
         self.paused = s.shadow_paused
         self.sessions: dict[str, SandboxSession] = {}
         self.running: set[str] = set()
@@ -317,7 +317,7 @@ class ShadowStage:
             return out
         session = SandboxSession(
             rid, recorded_calls(prod), family=row["family"], seed=int(row["seed"]), strength=row["strength"],
-            injector=self.injector, live_tools=s.shadow_live_tools,
+            injector=self.injector, live_tools=s.shadow_live_tools, fault_tools=s.shadow_fault_tools,
             policy_side_effects={k: getattr(v, "value", v) for k, v in getattr(self.policy, "side_effects", {}).items()},
             perturb=perturb_result)
         trace_id, span_id = row["trace_id"], os.urandom(8).hex()

@@ -178,8 +178,11 @@ class ShadowLedger:
         return {r[0]: int(r[1]) for r in rows}
 
     def sandbox_stats(self, target_version: str, *, agent: str | None = None) -> tuple[int, int]:
-        """(finished replays, replays with a sandbox miss) of one target version."""
-        where, params = ["target_version = %(v)s", "status IN %(fin)s"], {"v": target_version, "fin": list(FINISHED)}
+        """(replays that ran — completed, failed or sandbox_miss —, those with a sandbox miss) of one
+        target version. Replays that never reached the agent (error, timeout, cancelled) say
+        nothing about the sandbox and are not counted."""
+        where, params = ["target_version = %(v)s", "status IN %(fin)s"], {"v": target_version,
+                                                                          "fin": ["completed", "failed", "sandbox_miss"]}
         if agent:
             where.append("agent = %(a)s")
             params["a"] = agent
