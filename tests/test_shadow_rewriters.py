@@ -381,3 +381,21 @@ def test_llm_validation(kwargs: dict, match: str) -> None:
     args = {"base_url": "http://127.0.0.1:1/v1", "model": "m"} | kwargs
     with pytest.raises(ValueError, match=match):
         LLMRewriter(**args)
+
+
+def test_rule_rewriter_is_linear_in_one_long_token():
+    """Bug: the e-mail pattern restarted at every character of a long word (32 k characters took
+    ~37 s and stalled the shadow thread). Compared with a text of many short words of the same
+    length, measured in the same run, not against a clock budget."""
+    import time
+
+    from relyscope.shadow.rewriters import RuleRewriter
+
+    rw = RuleRewriter()
+    t0 = time.perf_counter()
+    rw.rewrite("a" * 32_000, seed=1, strength="strong")
+    long_word = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rw.rewrite("ab " * 10_667, seed=1, strength="strong")
+    words = time.perf_counter() - t0
+    assert long_word < 20 * words + 0.05

@@ -107,7 +107,7 @@ _SPAN_RE: Final = re.compile(
     r'|"[^"\n]*"|“[^”\n]*”'                                # double-quoted strings
     r"|(?<!\w)'[^'\n]+'(?!\w)"                             # single-quoted strings (not apostrophes)
     r"|(?:https?://|ftp://|www\.)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]}]"  # URLs, trailing punctuation left out
-    r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"                       # email addresses
+    r"|(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"           # email addresses (from a word start: linear)
     r"|[\U000F0000-\U0010FFFF]",                           # our placeholder range, if already in the text
     re.DOTALL,
 )
