@@ -35,4 +35,4 @@ def test_demo_shows_robustness_and_gates(tmp_path):
     assert verdicts == {"1.0.1": "pass", "1.1.0": "block"}
     worse = next(g for g in rep["gates"] if g["candidate"] == "1.1.0")
     assert any(x["name"] == "success_rate" and x["verdict"] == "block" for x in worse["reasons"])
-    assert "next: keep a sidecar running" in r.stderr
+    assert "next steps:" in r.stderr and "keep a sidecar running" in r.stderr

@@ -16,7 +16,7 @@ Reliability gauges are built at scrape time from the latest group scores:
 - ``relyscope_label_sets_folded{run_kind}``: (agent, version) label sets beyond
   ``RELYSCOPE_MAX_LABEL_SETS`` (default 50), scored together under ``agent="other",version="other"``.
 - ``relyscope_group_outcome_trials{agent,version,run_kind,outcome=success|failure|unknown}`` — trials
-  by resolved outcome (from the report sections: the last hour of a live group, all trials of an
+  by resolved outcome (from the report sections: the 5 000 most recently stored trials of a live group, all of an
   offline import); a group whose trials are all ``unknown`` has no success metrics.
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,

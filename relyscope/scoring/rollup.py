@@ -152,7 +152,10 @@ def retention_ddl(minute_ttl_days: float = 2, hour_ttl_days: float = 400, traj_t
     for table in ("task_stats", "conf_stats"):
         out.append(f"ALTER TABLE {{db}}.{table} MODIFY TTL bucket + toIntervalSecond({m}) WHERE level = 1, "
                    f"bucket + toIntervalSecond({h}) WHERE level = 2")
-    out.append(f"ALTER TABLE {{db}}.traj_sample MODIFY TTL hour + toIntervalSecond({t})")
+    # by when the row was written, not by the run's timestamp: a backfilled run (old timestamps)
+    # would otherwise be deleted at once and all-time C_traj lose it
+    out.append(f"ALTER TABLE {{db}}.traj_sample MODIFY TTL toDateTime(intDiv(version_ns, 1000000000)) "
+               f"+ toIntervalSecond({t})")
     return out
 
 

@@ -52,6 +52,7 @@ def _OTHER(run_kind: str) -> GroupKey:
 
 
 _REVIEW_EVERY_S = 60.0  # report sections of a changing group are recomputed at most this often
+_REVIEW_RECENT = 5000  # trials (the most recently stored) behind the report sections of a live group
 
 
 class ScoreStage:
@@ -345,12 +346,15 @@ class ScoreStage:
 
     def _review(self, g: GroupKey, now: float) -> dict:
         """Report sections beyond the metrics (violations, attribution, control rates, worst
-        tasks) from the group's trials of the last hour (offline imports: all of them) — bounded
+        tasks) from the group's most recently stored trials (``_REVIEW_RECENT``; offline imports:
+        all of them) — bounded
         by the traffic, not the history; refreshed at most every ``_REVIEW_EVERY_S`` per group.
         (Per-trial grades are stored by the rollup as trials change.)"""
-        since = None if g[2] == "offline" else int((now - 3600) * 1e9)
+        # the most recent runs stored, not the last hour by timestamp: backfilled or skewed runs
+        # (old timestamps) must not vanish from the report's sections
+        recent = None if g[2] == "offline" else _REVIEW_RECENT
         trials = self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2],
-                                        **({} if since is None else {"since_ns": since}))
+                                        **({} if recent is None else {"most_recent": recent}))
         trials = self.rollup().resolve(trials)
         return review_group(trials, policy_for(self.policy, g[0])).extras
 

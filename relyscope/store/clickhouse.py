@@ -589,11 +589,14 @@ class Store:
                     until_ns: int | None = None, trace_ids: Iterable[str] | None = None,
                     task_id: str | None = None, conversation_ids: Iterable[str] | None = None,
                     trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None,
-                    after_trial_id: str | None = None, limit: int | None = None) -> list[Trial]:
+                    after_trial_id: str | None = None, limit: int | None = None,
+                    most_recent: int | None = None) -> list[Trial]:
         """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
         outcome their spans carried (posted outcomes are resolved by the scorers, not here).
         Ordered by trial id; ``after_trial_id`` / ``limit`` page through them (keyset paging:
-        trial ids strictly greater than ``after_trial_id``, at most ``limit``)."""
+        trial ids strictly greater than ``after_trial_id``, at most ``limit``). ``most_recent``:
+        only the N trials stored (finalized) last, whatever their timestamps — a bound by the
+        traffic that also holds for backfilled, old-dated runs."""
         where, params = ["1"], {}
         for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind), ("task_id", task_id)):
             if val is not None:
@@ -623,6 +626,10 @@ class Store:
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
+        if most_recent is not None:
+            sql = (f"SELECT * FROM (SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')}, version_ns "
+                   f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY version_ns DESC "
+                   f"LIMIT {int(most_recent)}) ORDER BY trial_id")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         rows = self.query(sql, params)
