@@ -114,7 +114,8 @@ def decode(p: object, like: object) -> object:
 
 def decode_result(p: object, original: object) -> object:
     """``original`` recovered from ``p``; a JSON-holding string comes back as its decoded value."""
-    if isinstance(original, str) and original.lstrip()[:1] in "{[":
+    # (an empty string is no JSON: '' in "{[" is True in Python, so test the first character itself)
+    if isinstance(original, str) and original.lstrip()[:1] in ("{", "["):
         assert isinstance(p, str)
         return decode_result(json.loads(p), json.loads(original))
     if isinstance(p, dict) and set(p) == {"status", "data"} and p["status"] == "ok":
@@ -123,7 +124,7 @@ def decode_result(p: object, original: object) -> object:
 
 
 def _plain(v: object) -> object:
-    return json.loads(v) if isinstance(v, str) and v.lstrip()[:1] in "{[" else v
+    return json.loads(v) if isinstance(v, str) and v.lstrip()[:1] in ("{", "[") else v
 
 
 def _same(a: object, b: object) -> bool:
