@@ -68,3 +68,16 @@ def test_inserts_are_split_by_partition():
     assert _by_partition(few, lambda r: r[0] // day) == [few]  # fits: one block, order kept
     assert _by_partition([], lambda r: 0) == []
     assert MAX_PARTITIONS_PER_INSERT == 100  # ClickHouse's default max_partitions_per_insert_block
+
+
+def test_lookups_by_thousands_of_ids_fit_in_a_query(tmp_path):
+    """Bug (bench/bench_memory.py): the rollup's lookup of posted outcomes by ~12 000 trial ids
+    exceeded ClickHouse's default max_query_size (256 KiB) and scoring failed on every cycle."""
+    from relyscope.store import Store
+
+    st = Store(f"chdb://{tmp_path}/data")
+    try:
+        ids = [f"{i:032x}:{i:016x}" for i in range(12_000)]  # ~600 KB of ids in the query text
+        assert st.load_trials(trial_ids=ids) == []
+    finally:
+        st.close()

@@ -50,6 +50,8 @@ from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, 
 __all__ = ["Store", "StoreError", "StoreUnavailable", "StoreRejected", "open_store", "resolve_dsn", "chdb_path"]
 
 
+_MAX_QUERY_BYTES = 256 << 20  # see Store._connect
+
 _SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
 
@@ -267,7 +269,10 @@ class Store:
     def _connect(self) -> None:
         """Open the client and create the schema (idempotent DDL). Raises StoreUnavailable."""
         try:
-            client = clickhouse_connect.get_client(dsn=self.dsn)
+            # lookups by id lists (rollup sync, replays, rehydration) bind thousands of ids into the
+            # query text: ClickHouse's default max_query_size (256 KiB) refused them under load and
+            # scoring stopped for good (found by bench/bench_memory.py)
+            client = clickhouse_connect.get_client(dsn=self.dsn, settings={"max_query_size": _MAX_QUERY_BYTES})
             client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
             for ddl in SCHEMA:
                 client.command(ddl.format(db=self.db))

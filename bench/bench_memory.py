@@ -1,0 +1,106 @@
+"""Sidecar memory (RSS) against traffic, in-flight traces and stored trials (issue 10, item 6).
+
+A real ``relyscope serve`` process (embedded chDB, pinned to core 0); this client on core 1.
+Three curves, each starting from the idle RSS of the same process (the baseline of the run):
+
+1. **traffic**: complete traces (roots included; ``bench_ingest_decode.build_request``, 512 spans
+   = 32 traces per request) posted at a fixed request rate for ``--seconds``; RSS sampled every
+   second — memory while spans flow in and trials are finalized, stored, evicted from the
+   finalized-trace cache;
+2. **stored trials**: after each traffic step the store holds more trials; RSS after the
+   scoring cycles settle, per stored-trial count — scoring cost must not grow with history;
+3. **in-flight traces**: children of ``--open`` traces whose roots never arrive (held until the
+   root timeout): RSS per open trace.
+
+Command: ``.venv/bin/python bench/bench_memory.py`` (``--rate 20 --seconds 20 --steps 3
+--open 5000``; about 3 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import SPANS, Sidecar, load, template, wait_stored  # noqa: E402
+
+
+def sample_rss(sc: Sidecar, stop: threading.Event, out: list) -> None:
+    while not stop.wait(1.0):
+        try:
+            out.append(sc.status()["VmRSS"])
+        except OSError:
+            return
+
+
+def paced(sc: Sidecar, tmpl: bytes, start_k: int, rate: float, seconds: float) -> int:
+    """Post ``rate`` requests/s for ``seconds``; returns the next request number."""
+    k = start_k
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        load(sc.http, tmpl, k, None, 1, max_requests=1)
+        k += 1
+        ahead = (k - start_k) / rate - (time.perf_counter() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    return k
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=float, default=20, help="requests/s of 512 spans (32 traces each)")
+    ap.add_argument("--seconds", type=float, default=20, help="traffic per step")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--open", type=int, default=5000, help="in-flight traces (roots never sent)")
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-memory-"))
+    sc = Sidecar(root / "a", {"RELYSCOPE_ROOT_TIMEOUT_S": "1000000", "RELYSCOPE_N_BOOT": "2000",
+                              "RELYSCOPE_SCORE_INTERVAL_S": "5"})
+    rows = []
+    try:
+        time.sleep(3.0)
+        idle = sc.status()["VmRSS"]
+        rows.append(("idle", 0, 0, idle, idle))
+        full = template()
+        k = 0
+        for step in range(a.steps):
+            samples: list[int] = []
+            stop = threading.Event()
+            th = threading.Thread(target=sample_rss, args=(sc, stop, samples), daemon=True)
+            th.start()
+            k = paced(sc, full, k, a.rate, a.seconds)
+            stop.set()
+            th.join()
+            wait_stored(sc, k * SPANS, 300)
+            sc.sc.flush()
+            time.sleep(6.0)  # a scoring cycle over the grown store
+            trials = len(sc.sc.trials())
+            after = sc.status()["VmRSS"]
+            rows.append((f"traffic step {step + 1}", k * SPANS, trials, max(samples or [after]), after))
+        kids = template(drop_roots=True)
+        per_req = SPANS // 16
+        n_req = -(-a.open // per_req)
+        load(sc.http, kids, 10_000_000, None, 2, max_requests=n_req)
+        deadline = time.monotonic() + 120
+        while sc.metric("relyscope_open_traces") < n_req * per_req and time.monotonic() < deadline:
+            time.sleep(1.0)
+        open_tr = sc.metric("relyscope_open_traces")
+        rss = sc.status()["VmRSS"]
+        rows.append((f"+ {open_tr:.0f} in-flight traces", None, None, rss, rss))
+    finally:
+        sc.stop()
+    print(f"{'phase':<28} {'spans sent':>11} {'trials stored':>14} {'peak RSS MiB':>13} {'RSS after MiB':>14} {'over idle MiB':>14}")
+    for name, spans, trials, peak, after in rows:
+        print(f"{name:<28} {'' if spans is None else spans:>11} {'' if trials is None else trials:>14} "
+              f"{peak / 1024:>13.0f} {after / 1024:>14.0f} {(after - idle) / 1024:>14.0f}")
+    if rows[-1][0].startswith("+"):
+        grow = rows[-1][4] - rows[-2][4]
+        print(f"in-flight: {grow / max(open_tr, 1):.1f} KiB per open trace over the state before")
+
+
+if __name__ == "__main__":
+    main()
