@@ -237,6 +237,25 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
         return Response(encode_status(_code_number(grpc_code), message, json=is_json), status_code=code_http,
                         media_type=_JSON if is_json else _PROTO, headers=headers)
 
+    def failure_reply(e: Exception, is_json: bool, backpressure_message: str) -> Response:
+        """The OTLP/HTTP reply to a failed export (traces, logs, metrics alike): permanent request
+        errors with their code, backpressure and spool-write failures as retryable 503 + Retry-After,
+        anything else logged and answered retryable (a stage boundary)."""
+        from relyscope.pipeline import Backpressure
+
+        if isinstance(e, OTLPRequestError):
+            http_status, code = _error_codes(e)
+            return status_reply(http_status, code, e.message, is_json)
+        if isinstance(e, Backpressure):
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, backpressure_message, is_json,
+                                {"Retry-After": str(Backpressure.retry_after_s)})
+        if isinstance(e, OSError):
+            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", is_json,
+                                {"Retry-After": str(_RETRY_AFTER_S)})
+        log.exception("OTLP/HTTP export failed", exc_info=e)
+        return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later",
+                            is_json, {"Retry-After": str(_RETRY_AFTER_S)})
+
     def wants_json(request: Request) -> bool:
         return (request.headers.get("content-type") or "").split(";")[0].strip().lower() == _JSON
 
@@ -307,19 +326,8 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
         try:
             result = await run_in_threadpool(pipeline.accept, body, ctype, request.headers.get("content-encoding"))
             reply = encode_response(result, json=is_json)
-        except OTLPRequestError as e:
-            http_status, code = _error_codes(e)
-            return status_reply(http_status, code, e.message, is_json)
-        except Backpressure as e:
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"relyscope {e}; retry later", is_json,
-                                {"Retry-After": str(Backpressure.retry_after_s)})
-        except OSError as e:
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", is_json,
-                                {"Retry-After": str(_RETRY_AFTER_S)})
-        except Exception as e:  # noqa: BLE001 - a stage boundary: never a bare 500 to the client
-            log.exception("OTLP/HTTP export failed")
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later",
-                                is_json, {"Retry-After": str(_RETRY_AFTER_S)})
+        except Exception as e:  # noqa: BLE001 - mapped to a reply; never a bare 500 to the client
+            return failure_reply(e, is_json, f"relyscope {e}; retry later")
         return Response(reply, media_type=_JSON if is_json else _PROTO)
 
     async def other_signal(request: Request, fn, reply) -> Response:
@@ -364,19 +372,8 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
         try:
             body = _decompress(b"".join(chunks), request.headers.get("content-encoding"), Limits(max_body_bytes=limit))
             await run_in_threadpool(fn, pipeline, body, is_json)
-        except OTLPRequestError as e:
-            http_status, code = _error_codes(e)
-            return status_reply(http_status, code, e.message, is_json)
-        except Backpressure:
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope spool full; retry later", is_json,
-                                {"Retry-After": str(Backpressure.retry_after_s)})
-        except OSError as e:
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"spool write failed: {e}", is_json,
-                                {"Retry-After": str(_RETRY_AFTER_S)})
-        except Exception as e:  # noqa: BLE001 - a stage boundary: never a bare 500 to the client
-            log.exception("OTLP/HTTP export failed")
-            return status_reply(503, grpc.StatusCode.UNAVAILABLE, f"internal error: {type(e).__name__}; retry later",
-                                is_json, {"Retry-After": str(_RETRY_AFTER_S)})
+        except Exception as e:  # noqa: BLE001 - mapped to a reply; never a bare 500 to the client
+            return failure_reply(e, is_json, "relyscope spool full; retry later")
         return Response(reply(json=is_json), media_type=_JSON if is_json else _PROTO)
 
     @app.post("/v1/logs")
