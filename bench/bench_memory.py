@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ingest import SPANS, Sidecar, load, template, wait_stored  # noqa: E402
+from bench_ingest import MARK, SPANS, Sidecar, load, template, wait_stored  # noqa: E402
 
 
 def sample_rss(sc: Sidecar, stop: threading.Event, out: list) -> None:
@@ -53,6 +53,35 @@ def paced(sc: Sidecar, tmpl: bytes, start_k: int, rate: float, seconds: float) -
         if ahead > 0:
             time.sleep(ahead)
     return k
+
+
+def pack_cost(n_req: int = 20) -> tuple[float, float, float]:
+    """In this process: CPU µs per span of packing finalized traces (the builder's ``_pack``) and of
+    ``decode_http`` (what the worker runs for every span) on the same requests; packed B/span."""
+    from relyscope.collector.normalize import normalize
+    from relyscope.collector.otlp import Limits, decode_http
+    from relyscope.trajectory import TrajectoryBuilder
+    from relyscope.trajectory import builder as tb
+
+    tmpl = template()
+    b = TrajectoryBuilder(grace_s=0, retain_s=1e9)
+    n = 0
+    t_dec = 0.0
+    for k in range(n_req):
+        body = tmpl.replace(MARK, k.to_bytes(4, "big"))
+        t = time.process_time()
+        res = decode_http(body, "application/x-protobuf", None, Limits())
+        t_dec += time.process_time() - t
+        n += len(res.spans)
+        b.add(((s, normalize(s)) for s in res.spans), 0.0)
+    b.poll(1.0)
+    blobs = [tr.packed for tr in b._traces.values()]
+    decoded = [tb._unpack(x) for x in blobs]
+    t = time.process_time()
+    for spans, emitted in decoded:
+        tb._pack(spans, emitted)
+    t_pack = time.process_time() - t
+    return t_pack / n * 1e6, t_dec / n * 1e6, sum(map(len, blobs)) / n
 
 
 def run_variant(root: Path, name: str, env: dict, a) -> list:
@@ -78,8 +107,10 @@ def run_variant(root: Path, name: str, env: dict, a) -> list:
             wait_stored(sc, k * SPANS, 600)
             sc.sc.flush()
             time.sleep(max(6.0, a.settle))  # scoring cycles over the grown store
-            trials = len(sc.sc.trials())
-            after = sc.status()["VmRSS"]
+            after = sc.status()["VmRSS"]  # before asking anything more of the sidecar
+            # a counter, not GET /api/v1/trials: listing every trial costs the measured process
+            # memory that grows with the history (no late spans here: no trial is re-finalized)
+            trials = int(sc.metric("relyscope_trials_finalized_total"))
             rows.append((f"traffic step {step + 1}", k * SPANS, trials, max(samples or [after]), after,
                          sc.metric("relyscope_finalized_cache_bytes"),
                          sc.metric("relyscope_finalized_traces_evicted_total")))
@@ -112,6 +143,9 @@ def main() -> None:
                          "the other in this run (default: 'defaults' and 'untuned' = no glibc tuning)")
     a = ap.parse_args()
     variants = a.variant or ["defaults", "untuned:RELYSCOPE_MALLOC_ARENA_MAX=0,RELYSCOPE_MALLOC_TRIM_INTERVAL_S=0"]
+    pk, dec, per = pack_cost()
+    print(f"packing finalized traces: {pk:.1f} us/span CPU vs decode_http {dec:.1f} us/span (ratio {pk / dec:.2f}); "
+          f"{per:.0f} B/span packed", flush=True)
     root = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     results = []
     for v in variants:
