@@ -93,7 +93,7 @@ class Settings(BaseSettings):
         900.0, ge=0, description="how long a finalized trace is kept in memory to absorb late spans (later ones "
         "reload the trace from the store)")
     finalized_cache_bytes: int = Field(
-        128 << 20, ge=0, description="bound on the memory of the finalized traces kept for late spans, bytes "
+        64 << 20, ge=0, description="bound on the memory of the finalized traces kept for late spans, bytes "
         "(kept packed, ~100 B per span, and counted by their real size); the oldest are evicted first "
         "(relyscope_finalized_traces_evicted_total)")
     malloc_arena_max: int = Field(
