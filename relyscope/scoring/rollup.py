@@ -141,56 +141,36 @@ _MINUTE_LEVEL_MAX_S: Final = 25 * 3600
 
 
 def retention_ddl(minute_ttl_days: float = 2, hour_ttl_days: float = 400, traj_ttl_days: float = 30) -> list[str]:
-    """``ALTER TABLE … MODIFY TTL`` statements of the rollup tables: minute buckets (level 1)
-    deleted ``minute_ttl_days`` after their bucket, hour buckets (level 2) after
-    ``hour_ttl_days``; the all-time level and ``contrib`` (needed to retract a trial whenever it
-    changes) never expire; ``traj_sample`` rows after ``traj_ttl_days`` (all-time C_traj then uses
-    the most recent M runs still kept). Rollups outlive the spans and trials they came from when
-    those tables get shorter TTLs."""
-    m, h, t = (int(round(x * 86400)) for x in (minute_ttl_days, hour_ttl_days, traj_ttl_days))
-    out = []
-    for table in ("task_stats", "conf_stats"):
-        out.append(f"ALTER TABLE {{db}}.{table} MODIFY TTL bucket + toIntervalSecond({m}) WHERE level = 1, "
-                   f"bucket + toIntervalSecond({h}) WHERE level = 2")
-    # by when the row was written, not by the run's timestamp: a backfilled run (old timestamps)
-    # would otherwise be deleted at once and all-time C_traj lose it
-    out.append(f"ALTER TABLE {{db}}.traj_sample MODIFY TTL toDateTime(intDiv(version_ns, 1000000000)) "
-               f"+ toIntervalSecond({t})")
-    return out
+    """``ALTER TABLE … MODIFY TTL`` statements of the rollup tables
+    (:func:`relyscope.store.schema.rollup_ttls`): minute buckets (level 1) deleted
+    ``minute_ttl_days`` after their bucket, hour buckets (level 2) after ``hour_ttl_days``; the
+    all-time level and ``contrib`` (needed to retract a trial whenever it changes) never expire;
+    ``traj_sample`` rows after ``traj_ttl_days`` (all-time C_traj then uses the most recent M runs
+    still kept). Rollups outlive the spans and trials they came from (the store's TTLs are shorter:
+    :class:`relyscope.store.schema.Retention` checks it)."""
+    from relyscope.store.schema import rollup_ttls
 
-
-#: rows of one trial must meet on one shard (contrib's FINAL, traj_sample's replacement)
-_SHARD_KEY: Final = "cityHash64(trial_id)"
+    return [f"ALTER TABLE {{db}}.{t} MODIFY TTL {e}"
+            for t, e in rollup_ttls(minute_ttl_days, hour_ttl_days, traj_ttl_days).items()]
 
 
 def cluster_schema(cluster: str, *, zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}") -> list[str]:
-    """The rollup DDL for a ClickHouse cluster (NOT run against a server here; chDB has no
-    clusters): every statement ``ON CLUSTER``; stored tables on ``Replicated*MergeTree`` (with
-    ``zk_path`` and ``{replica}`` macros); ``contrib_log`` stays ``Null`` on every node with its
-    views, and a ``contrib_log_dist`` Distributed table sharded by trial id takes the inserts so
-    both rows of a change (−old, +new) and a trial's ``contrib`` rows land on one shard; reads go
-    through ``<table>_dist`` Distributed tables (the per-task sums add up across shards).
-    :class:`Rollup` itself still reads and writes the local names."""
-    out = []
-    for ddl in ROLLUP_SCHEMA:
-        if ddl.lstrip().startswith("ALTER TABLE {db}.trials"):
-            continue  # the store's own table: its cluster variant belongs to the store schema
-        m = re.match(r"\s*CREATE (TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", ddl)
-        assert m, ddl
-        name = m.group(2)
-        ddl = ddl.replace(f"{{db}}.{name}", f"{{db}}.{name} ON CLUSTER '{cluster}'", 1)
-        # the watermarks are one per deployment, not per shard: one replicated copy on every node
-        path = zk_path.replace("{table}", name).replace("{shard}", "all" if name == "scoring_state" else "{shard}")
-        ddl = re.sub(r"ENGINE = (Summing|Replacing)MergeTree(\(([^)]*)\))?",
-                     lambda e: f"ENGINE = Replicated{e.group(1)}MergeTree('{path}', '{{replica}}'"
-                               + (f", {e.group(3)}" if e.group(3) else "") + ")", ddl)
-        out.append(ddl)
-        if (name in ROLLUP_TABLES and name != "scoring_state") or name == "contrib_log":
-            out.append(f"CREATE TABLE IF NOT EXISTS {{db}}.{name}_dist ON CLUSTER '{cluster}' AS {{db}}.{name} "
-                       f"ENGINE = Distributed('{cluster}', currentDatabase(), {name}, {_SHARD_KEY if name in ('contrib_log', 'contrib', 'traj_sample') else 'rand()'})")
-    for ddl in retention_ddl():
-        out.append(ddl.replace(" MODIFY TTL", f" ON CLUSTER '{cluster}' MODIFY TTL", 1))
-    return out
+    """The rollups' part of :func:`relyscope.store.schema.cluster_schema` (NOT run against a
+    server here; chDB has no clusters): every statement ``ON CLUSTER``; stored tables on
+    ``Replicated*MergeTree`` (with ``zk_path`` and ``{replica}`` macros); ``contrib_log`` stays
+    ``Null`` on every node with its views, and a ``contrib_log_dist`` Distributed table sharded by
+    trial id takes the inserts so both rows of a change (−old, +new) and a trial's ``contrib`` rows
+    land on one shard; reads go through ``<table>_dist`` Distributed tables (the per-task sums add
+    up across shards). :class:`Rollup` itself still reads and writes the local names."""
+    from relyscope.store.schema import Retention
+    from relyscope.store.schema import cluster_schema as full
+
+    mine = {re.match(r"\s*CREATE (?:TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", d).group(1)
+            for d in ROLLUP_SCHEMA if d.lstrip().startswith("CREATE")}
+    mine |= {f"{t}_dist" for t in mine}
+    return [d for d in full(cluster, Retention(), zk_path=zk_path)
+            if (m := re.match(r"\s*CREATE (?:TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", d))
+            and m.group(1) in mine]
 
 
 def level_for(window_s: float | None) -> tuple[int, int]:
@@ -255,8 +235,12 @@ class Rollup:
         self.undecided: list[Trial] = []
         for ddl in ROLLUP_SCHEMA:
             _command(store, ddl)
-        for ddl in retention_ddl(minute_ttl_days, hour_ttl_days, traj_ttl_days):
-            _command(store, ddl)
+        # only where the TTL differs: a MODIFY TTL rewrites the table's parts on a server
+        from relyscope.store.schema import apply_retention, rollup_ttls
+
+        with store._lock:
+            apply_retention(store._ready_client(), store.db,
+                            rollup_ttls(minute_ttl_days, hour_ttl_days, traj_ttl_days))
 
     # ---- watermarks -----------------------------------------------------------------------------
     def _state(self) -> dict[str, int]:

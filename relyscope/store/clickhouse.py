@@ -191,6 +191,11 @@ SCHEMA = [
     ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY replay_id""",
 ]
 
+#: the tables of :data:`SCHEMA` (retention: relyscope.store.schema)
+STORE_TABLES = ("otel_traces", "trials", "outcomes", "scores", "judgements", "grades", "shadow_samples",
+                "shadow_replays")
+
+
 def _migrate(client, db: str) -> None:
     """Bring tables created by an older version to the current schema (idempotent).
 
@@ -244,8 +249,11 @@ class Store:
     """
 
     def __init__(self, dsn: str, *, database: str = "relyscope", fault_file: str | None = None,
-                 lazy: bool = False):
+                 lazy: bool = False, retention=None):
         self.dsn = resolve_dsn(dsn)
+        #: :class:`relyscope.store.schema.Retention` applied to the store's tables at every
+        #: (re)connect; None (one-off CLI reads): existing TTLs are left as they are
+        self.retention = retention
         self.fault_file = fault_file
         self._lock = threading.RLock()
         parsed = urlparse(self.dsn)
@@ -277,6 +285,11 @@ class Store:
             for ddl in SCHEMA:
                 client.command(ddl.format(db=self.db))
             _migrate(client, self.db)
+            if self.retention is not None:
+                from relyscope.store.schema import apply_retention, ttl_clauses
+
+                ttl = ttl_clauses(self.retention)
+                apply_retention(client, self.db, {t: ttl[t] for t in STORE_TABLES})
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
             if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
                 raise StoreUnavailable(
