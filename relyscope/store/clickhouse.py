@@ -18,6 +18,10 @@ Tables (database ``relyscope`` unless the DSN names one):
 
 Reads use ``FINAL`` so replaced rows never count twice.
 
+Retention: ``Store(..., retention=Retention(...))`` (the sidecar) gives every table its TTL at
+each (re)connect (:mod:`relyscope.store.schema`; all DDL, and the cluster variant, are listed
+there); without it the TTLs already set are left alone.
+
 Errors (:mod:`relyscope.store.errors`): :class:`StoreUnavailable` is retryable (the store is down,
 or refused a write for a reason that passes), :class:`StoreRejected` permanent (the rows can never
 be stored). Span and trial inserts raise either; every other call raises StoreUnavailable only.
