@@ -29,7 +29,9 @@ def parse_hostport(value: str) -> tuple[str, int]:
 class Settings(BaseSettings):
     """Sidecar configuration. Units: seconds, bytes."""
 
-    model_config = SettingsConfigDict(env_prefix="RELYSCOPE_", extra="forbid", env_nested_delimiter="__")
+    # env_parse_none_str: RELYSCOPE_SCORES_TTL_DAYS=null (and any optional setting) means None
+    model_config = SettingsConfigDict(env_prefix="RELYSCOPE_", extra="forbid", env_nested_delimiter="__",
+                                      env_parse_none_str="null")
 
     store: str = Field("chdb:///./.relyscope/data", description="ClickHouse DSN: chdb:///path or http(s)://host:8123/db")
     otlp_grpc: str = Field("127.0.0.1:4317", description="OTLP/gRPC listen address (port 0: any free port)")
