@@ -179,3 +179,31 @@ def test_rows_past_their_ttl_expire_while_rollups_and_window_scores_stay(chdb_pa
             assert_same(batch[w], inc)
         except AssertionError as e:
             raise AssertionError(f"window {w}: {e}") from e
+
+
+def test_the_sidecar_applies_its_retention_settings_at_start(tmp_path):
+    """RELYSCOPE_*_TTL_DAYS reach the store of a real `relyscope serve`; a wrong order refuses to
+    start, naming the settings."""
+    import subprocess
+
+    from relyscope.testing import RELYSCOPE_BIN, start_sidecar
+
+    sc = start_sidecar(tmp_path, extra_env={"RELYSCOPE_SPANS_TTL_DAYS": "1", "RELYSCOPE_TRIALS_TTL_DAYS": "2",
+                                            "RELYSCOPE_ROLLUP_HOUR_TTL_DAYS": "3"})
+    try:
+        sc.flush()  # the first scoring cycle creates the rollups
+    finally:
+        assert sc.kill() == 0
+        for f in (sc.proc.stdout, sc.proc.stderr):
+            if f:
+                f.close()
+    st = Store(f"chdb://{tmp_path}/data")  # no retention: reads the TTLs as they are
+    try:
+        assert "TTL toDateTime(IngestedAt) + toIntervalSecond(86400)" in _show(st, "otel_traces")
+        assert "toIntervalSecond(172800)" in _show(st, "trials") and "toIntervalSecond(172800)" in _show(st, "grades")
+        assert "bucket + toIntervalSecond(259200) WHERE level = 2" in _show(st, "task_stats")
+    finally:
+        st.close()
+    r = subprocess.run([str(RELYSCOPE_BIN), "serve"], capture_output=True, text=True, timeout=120,
+                       env={**sc.env, "RELYSCOPE_SPANS_TTL_DAYS": "5", "RELYSCOPE_TRIALS_TTL_DAYS": "2"})
+    assert r.returncode == 2 and "spans must not outlive trials" in r.stderr.replace("\n", " ")

@@ -42,7 +42,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from urllib.parse import urlparse
 
 import clickhouse_connect
@@ -50,6 +50,9 @@ import clickhouse_connect
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
 from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
+
+if TYPE_CHECKING:
+    from relyscope.store.schema import Retention
 
 __all__ = ["Store", "StoreError", "StoreUnavailable", "StoreRejected", "open_store", "resolve_dsn", "chdb_path"]
 
@@ -253,7 +256,7 @@ class Store:
     """
 
     def __init__(self, dsn: str, *, database: str = "relyscope", fault_file: str | None = None,
-                 lazy: bool = False, retention=None):
+                 lazy: bool = False, retention: "Retention | None" = None):
         self.dsn = resolve_dsn(dsn)
         #: :class:`relyscope.store.schema.Retention` applied to the store's tables at every
         #: (re)connect; None (one-off CLI reads): existing TTLs are left as they are
