@@ -193,13 +193,11 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
 
     @r.post("/api/v1/shadow/pause", dependencies=guarded)
     def pause() -> dict:
-        _stage(pipeline).pause()
-        return {"paused": True}
+        return {"paused": True, "persisted": _stage(pipeline).pause()}
 
     @r.post("/api/v1/shadow/resume", dependencies=guarded)
     def resume() -> dict:
-        _stage(pipeline).resume()
-        return {"paused": False}
+        return {"paused": False, "persisted": _stage(pipeline).resume()}
 
     def _gate(baseline: str, candidate: str, agent: str | None, mode: str, policy_data: dict | None,
               since: str | float | None = None) -> dict:
