@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import start_sidecar
-from test_prometheus_scrape import _attr, prometheus_binaries, start_prometheus
+from test_prometheus_scrape import _attr, prometheus_binaries, start_prometheus, stop_all
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "alerts" / "relyscope-rules.yml"
@@ -125,9 +125,4 @@ def test_drift_alert_goes_pending_then_firing_and_stable_traffic_never_fires(tmp
         ever = prom.query(f'max_over_time(ALERTS{{alertname="{ALERT}",agent="steady"}}[5m])')
         assert ever["status"] == "success" and ever["data"]["result"] == [], ever
     finally:
-        if prom is not None:
-            prom.stop()
-        sc.kill()
-        for f in (sc.proc.stdout, sc.proc.stderr):
-            if f:
-                f.close()
+        stop_all(prom, sc)
