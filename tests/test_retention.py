@@ -48,7 +48,7 @@ def test_ttls_on_create_follow_the_settings(chdb_path):
     ret = Retention(spans_days=3, trials_days=10, scores_days=50, rollup_minute_days=2, rollup_hour_days=60,
                     traj_sample_days=20)
     st = Store(f"chdb://{chdb_path}", database=_db(), retention=ret)
-    Rollup(st, None, minute_ttl_days=2, hour_ttl_days=60, traj_ttl_days=20)
+    Rollup(st, None, minute_ttl_days=2, hour_ttl_days=60, traj_ttl_days=20).sync()
     want = {
         "otel_traces": "TTL toDateTime(IngestedAt) + toIntervalSecond(259200)",          # 3 d
         "trials": "TTL toDateTime(intDiv(version_ns, 1000000000)) + toIntervalSecond(864000)",  # 10 d
@@ -78,8 +78,9 @@ def test_an_existing_store_is_altered_when_the_settings_change_and_only_then(chd
     old = Store(f"chdb://{chdb_path}", database=db)  # no retention: tables made without TTLs
     assert current_ttl(old._client, db, "trials") is None
     st = Store(f"chdb://{chdb_path}", database=db, retention=Retention())
-    assert "toIntervalSecond(7776000)" in _show(st, "trials")  # default 90 d
     assert "toIntervalSecond(1209600)" in _show(st, "otel_traces")  # default 14 d
+    assert " TTL " not in _show(st, "trials")  # only once rolled up (test below)
+    assert st.apply_retention() and "toIntervalSecond(7776000)" in _show(st, "trials")  # default 90 d
     client = st._client
     # same settings again: nothing to alter (a MODIFY TTL rewrites every part on a server)
     assert apply_retention(client, db, ttl_clauses(Retention())) == []
@@ -93,6 +94,11 @@ def test_an_existing_store_is_altered_when_the_settings_change_and_only_then(chd
     # a reconnect with the settings reconciles through the Store itself
     st2 = Store(f"chdb://{chdb_path}", database=db, retention=Retention(spans_days=2, trials_days=5))
     assert "toIntervalSecond(172800)" in _show(st2, "otel_traces")
+    assert st2.apply_retention() == [f"ALTER TABLE {db}.{t} MODIFY TTL {e} + toIntervalSecond(432000)" for t, e in (
+        ("trials", "toDateTime(intDiv(version_ns, 1000000000))"), ("outcomes", "toDateTime(posted_at)"),
+        ("judgements", "toDateTime(judged_at)"), ("grades", "toDateTime(intDiv(version_ns, 1000000000))"),
+        ("shadow_samples", "toDateTime(decided_at)"),
+        ("shadow_replays", "toDateTime(intDiv(version_ns, 1000000000))"))]
     assert "toIntervalSecond(432000)" in _show(st2, "trials")
     assert "toIntervalSecond(34560000)" in _show(st2, "scores")  # 400 d again
 
@@ -162,6 +168,8 @@ def test_rows_past_their_ttl_expire_while_rollups_and_window_scores_stay(chdb_pa
     assert batch[None].trials == 200
 
     st = Store(f"chdb://{chdb_path}", database=db, retention=Retention(spans_days=1, trials_days=3))
+    rollup = Rollup(st, None)  # a restart with the retention set
+    assert rollup.sync() == set()  # nothing new; the TTLs of trials & co. are applied after it
     for table in ("trials", "outcomes", "otel_traces", "scores", "task_stats", "conf_stats", "contrib"):
         st.query(f"OPTIMIZE TABLE {{db}}.{table} FINAL")
     assert st.count_trials() == 80 and {t.trial_id for t in st.load_trials()} == {t.trial_id for t in new}
@@ -170,7 +178,6 @@ def test_rows_past_their_ttl_expire_while_rollups_and_window_scores_stay(chdb_pa
     assert st.query("SELECT count() FROM {db}.scores")[0][0] == 1
     assert st.query("SELECT count() FROM {db}.contrib FINAL WHERE alive")[0][0] == 200
 
-    rollup = Rollup(st, None)  # a restart after the expiry
     assert rollup.sync() == set()  # the deletions are not changes: nothing retracted
     for w in WINDOWS:
         inc = score_stats(rollup.window_stats(GROUP, window_start(now, w), w), n_boot=50, seed=0, max_k=3,
@@ -179,6 +186,31 @@ def test_rows_past_their_ttl_expire_while_rollups_and_window_scores_stay(chdb_pa
             assert_same(batch[w], inc)
         except AssertionError as e:
             raise AssertionError(f"window {w}: {e}") from e
+
+
+def test_a_store_older_than_its_rollups_keeps_its_trials_until_they_are_rolled_up(chdb_path):
+    """A store whose trials were stored days ago and never rolled up (made before the rollups, or
+    with RELYSCOPE_INCREMENTAL_SCORING=false) gets retention: its trials must reach the rollups
+    before they may expire. Failed before the fix: the TTL was set when the store opened, and the
+    merge deleted the 120 old trials before the first sync, so all-time counted 80."""
+    db, staging_db = _db(), _db()
+    stage = Store(f"chdb://{chdb_path}", database=staging_db)
+    st = Store(f"chdb://{chdb_path}", database=db)
+    rng = random.Random(11)
+    now = time.time()
+    stage.insert_trials([make_trial(rng, i, task=f"t{i % 7}", end_ns=int((now - 6 * 86400 + i) * 1e9))
+                         for i in range(120)])
+    _age(st, stage, "trials", "version_ns", f"version_ns - {5 * DAY_NS}")
+    st.insert_trials([make_trial(rng, i, task=f"t{i % 7}", end_ns=int((now - 60 + i / 10) * 1e9))
+                      for i in range(120, 200)])
+    st = Store(f"chdb://{chdb_path}", database=db, retention=Retention(spans_days=1, trials_days=3))
+    st.query("OPTIMIZE TABLE {db}.trials FINAL")  # a merge before the first scoring cycle
+    assert st.count_trials() == 200
+    rollup = Rollup(st, None)
+    rollup.sync()
+    assert rollup.group_sizes() == {GROUP: 200}
+    st.query("OPTIMIZE TABLE {db}.trials FINAL")
+    assert st.count_trials() == 80 and rollup.group_sizes() == {GROUP: 200}
 
 
 def test_the_sidecar_applies_its_retention_settings_at_start(tmp_path):

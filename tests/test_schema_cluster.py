@@ -39,7 +39,7 @@ def _cli(*args: str) -> list[str]:
 
 def test_printed_ddl_runs_in_chdb_and_creates_every_table_and_view(chdb):
     ref = Store(chdb, database="ref" + uuid.uuid4().hex[:8], retention=Retention())
-    Rollup(ref, None)
+    Rollup(ref, None).sync()  # the TTLs of trials & co. come with the first sync
     want = _objects(ref, ref.db)
     assert {"otel_traces", "trials", "outcomes", "scores", "judgements", "grades", "shadow_samples",
             "shadow_replays", "contrib_log", "task_stats", "task_stats_mv", "conf_stats", "conf_stats_mv",

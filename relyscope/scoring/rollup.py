@@ -229,6 +229,7 @@ class Rollup:
         self.traj_sample = traj_sample
         self.write_grades = write_grades
         self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
+        self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
@@ -292,6 +293,12 @@ class Rollup:
             for i in range(0, len(tids), _BATCH):
                 changed |= self._refold(tids[i:i + _BATCH])
             self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj})
+            if not self._retention_applied:
+                # every trial stored before this sync is folded in now: only from here may the
+                # tables the rollups are made from expire (a store older than its rollups would
+                # otherwise lose its old trials at the first start, never rolled up)
+                self.store.apply_retention()
+                self._retention_applied = True
             self._seen.update((r[0], int(r[2])) for r in fresh)
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
