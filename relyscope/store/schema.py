@@ -29,6 +29,10 @@ The all-time rollup level, ``contrib`` (what to retract when a trial changes) an
 ``scoring_state`` (watermarks) never expire: a window's live score reads only the rollups, so it
 stays right after the trials it came from are gone. ``scores_ttl_days=None``: scores never expire.
 
+The Store applies these to spans and scores when it opens, and to the tables the rollups are made
+from only once they are rolled up (:meth:`relyscope.store.Store.apply_retention`, called by
+:meth:`relyscope.scoring.rollup.Rollup.sync` after its first sync).
+
 :func:`apply_retention` reconciles a store's TTLs with a :class:`Retention`: it reads each
 table's TTL from ``system.tables.create_table_query`` and runs ``ALTER TABLE … MODIFY TTL`` (or
 ``REMOVE TTL``) only where it differs — a MODIFY TTL rewrites the table's parts on a server
