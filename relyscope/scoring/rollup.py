@@ -211,6 +211,9 @@ class Rollup:
     Retention (:func:`retention_ddl`, applied at every start so a changed setting takes effect):
     minute buckets are kept ``minute_ttl_days``, hour buckets ``hour_ttl_days``, the all-time
     bucket and the current contributions for ever, trajectory-sample rows ``traj_ttl_days``.
+    After the first successful :meth:`sync` (every trial stored until then is rolled up) it
+    applies the store's own retention to the tables the rollups are made from
+    (:meth:`relyscope.store.Store.apply_retention`; nothing when the store has none).
     Raises ValueError when the minute buckets would expire before the windows that read them.
     Thread-safety: ``sync`` is serialized; reads may run beside it.
     """
