@@ -140,20 +140,6 @@ ROLLUP_TABLES: Final = ("task_stats", "conf_stats", "traj_sample", "contrib", "s
 _MINUTE_LEVEL_MAX_S: Final = 25 * 3600
 
 
-def retention_ddl(minute_ttl_days: float = 2, hour_ttl_days: float = 400, traj_ttl_days: float = 30) -> list[str]:
-    """``ALTER TABLE … MODIFY TTL`` statements of the rollup tables
-    (:func:`relyscope.store.schema.rollup_ttls`): minute buckets (level 1) deleted
-    ``minute_ttl_days`` after their bucket, hour buckets (level 2) after ``hour_ttl_days``; the
-    all-time level and ``contrib`` (needed to retract a trial whenever it changes) never expire;
-    ``traj_sample`` rows after ``traj_ttl_days`` (all-time C_traj then uses the most recent M runs
-    still kept). Rollups outlive the spans and trials they came from (the store's TTLs are shorter:
-    :class:`relyscope.store.schema.Retention` checks it)."""
-    from relyscope.store.schema import rollup_ttls
-
-    return [f"ALTER TABLE {{db}}.{t} MODIFY TTL {e}"
-            for t, e in rollup_ttls(minute_ttl_days, hour_ttl_days, traj_ttl_days).items()]
-
-
 def cluster_schema(cluster: str, *, zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}") -> list[str]:
     """The rollups' part of :func:`relyscope.store.schema.cluster_schema` (NOT run against a
     server here; chDB has no clusters): every statement ``ON CLUSTER``; stored tables on
@@ -208,7 +194,8 @@ class Rollup:
     safety not measured). ``judge``: whether LLM-judge verdicts count (a judge is configured).
     ``traj_sample``: M, the most recent successful runs per task used for C_traj (default 50).
     ``write_grades``: also store each changed trial's grade in the ``grades`` table.
-    Retention (:func:`retention_ddl`, applied at every start so a changed setting takes effect):
+    Retention (:func:`relyscope.store.schema.rollup_ttls`, reconciled at every start so a changed
+    setting takes effect, altered only where it differs):
     minute buckets are kept ``minute_ttl_days``, hour buckets ``hour_ttl_days``, the all-time
     bucket and the current contributions for ever, trajectory-sample rows ``traj_ttl_days``.
     After the first successful :meth:`sync` (every trial stored until then is rolled up) it
