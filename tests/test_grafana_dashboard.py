@@ -7,7 +7,7 @@ metric/k on the reliability gauges), and be accepted by a real Prometheus (templ
 substituted) — and the core panels must return the values worked out by hand for the runs sent.
 Every ClickHouse panel's SQL (grafana-clickhouse-datasource) runs in chDB on a store with data,
 with the plugin's macros expanded as its backend does (grafana/clickhouse-datasource
-pkg/macros/macros.go) and Grafana's variables substituted, and returns the columns and the values
+pkg/macros/macros.go, the same in 4.3.2 and 4.20.0) and Grafana's variables substituted, and returns the columns and the values
 worked out by hand; so does the SQL of the trace link.
 """
 
@@ -346,7 +346,7 @@ def test_worst_task_trace_link_opens_the_trace_of_that_run(ch_store):
     url = urllib.parse.urlparse(link["url"])
     assert url.path == "/explore"
     pane = json.loads(urllib.parse.parse_qs(url.query)["panes"][0])["trace"]
-    [q] = pane["queries"]
+    [q] = pane["queries"]  # format 3: the plugin's trace frame (0 time series, 1 table, 2 logs)
     assert pane["datasource"] == "${clickhouse}" and q["datasource"] == CH and q["queryType"] == "traces" and q["format"] == 3
     tid = trials["C7"].trace_id
     cols, rows = _run(st, expand_macros(q["rawSql"], extra={"__value.raw": tid}))
@@ -356,3 +356,4 @@ def test_worst_task_trace_link_opens_the_trace_of_that_run(ch_store):
         (tid, "a" * 16, "", "shop", "agent.run"), (tid, "b" * 16, "a" * 16, "shop", "tool.refund")]
     assert rows[0][5] == trials["C7"].start_ns // 10**6 and rows[1][6] == pytest.approx(2.499)  # ms
     assert {"key": "gen_ai.agent.name", "value": "shop-agent"} in rows[0][7]
+    assert [r[9] for r in rows] == [0, 0]  # the trace view's status: 2 = error (as the plugin's own query)
