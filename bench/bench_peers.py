@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -66,8 +67,14 @@ EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 # ---- process helpers ----------------------------------------------------------------------------
 
 def _children(pid: int) -> list[int]:
+    """Descendants of ``pid``, whichever thread started them."""
+    kids: list[str] = []
     try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                kids += (task / "children").read_text().split()
+            except OSError:
+                pass
     except OSError:
         return []
     out = [int(k) for k in kids]
@@ -160,7 +167,9 @@ class Phoenix:
         port, gport = _free_port(), _free_port()
         env = {**os.environ, "PHOENIX_WORKING_DIR": str(self.work), "PHOENIX_HOST": "127.0.0.1",
                "PHOENIX_PORT": str(port), "PHOENIX_GRPC_PORT": str(gport),
-               "PHOENIX_TELEMETRY_ENABLED": "false"}
+               "PHOENIX_TELEMETRY_ENABLED": "false",
+               # no fetches from the internet at start (WASM sandbox binary, docs MCP server)
+               "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false"}
         cmd = [str(exe), "serve"]
         if (os.cpu_count() or 1) > 1 and shutil.which("taskset"):
             cmd = ["taskset", "-c", "0", *cmd]
@@ -307,13 +316,21 @@ def main() -> None:
     for transport in transports:
         for name in servers:
             root = Path(tempfile.mkdtemp(prefix=f"relyscope-peers-{name}-"))
-            server = None
+            server, r = None, {}
             try:
                 server = Relyscope(root / "rs") if name == "relyscope" else Phoenix(root, exe)
                 r = measure(server, transport, tmpl, args)
             finally:
                 if server is not None:
                     server.stop()
+                if name == "phoenix" and (root / "phoenix.log").exists():  # kept for reading errors
+                    out = HERE / "out"
+                    out.mkdir(exist_ok=True)
+                    shutil.copy(root / "phoenix.log", out / f"phoenix-{transport}.log")
+                    m = re.search(r"stopped with (\d+) spans still pending after a ([\d.]+)s shutdown drain "
+                                  r"that processed (\d+)", (root / "phoenix.log").read_text(errors="replace"))
+                    if m:
+                        r["shutdown_drain"] = (int(m[3]), float(m[2]), int(m[1]))
                 shutil.rmtree(root, ignore_errors=True)
             rows.append(r)
             print(f"{r['server']:<10} {r['transport']:<5}: accepted {r['accepted_rate']:10,.0f} spans/s "
@@ -321,6 +338,10 @@ def main() -> None:
                   f"p99 {r['p99_ms']:.1f} ms; persisted {r['persisted_rate']:9,.0f} spans/s ({r['stored']} of "
                   f"{r['want']} accepted spans stored {r['elapsed']:.1f} s after the first request); "
                   f"peak RSS {r['peak_rss_mib']:.0f} MiB; load avg {os.getloadavg()[0]:.1f}", flush=True)
+            if "shutdown_drain" in r:
+                done, secs, left = r["shutdown_drain"]
+                print(f"{'':<17}phoenix's own log at SIGTERM: its shutdown drain wrote {done} spans in "
+                      f"{secs:g} s ({done / secs:,.0f} spans/s) and dropped {left} acknowledged spans", flush=True)
     print("\n| server | transport | accepted spans/s | persisted spans/s | p99 ms | refused | peak RSS MiB |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
