@@ -33,6 +33,7 @@ Run: ``.venv/bin/python bench/bench_peers.py [--seconds 12] [--conns 4] [--drain
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import shutil
@@ -227,7 +228,7 @@ def load_grpc(target: str, tmpl: bytes, start_k: int, seconds: float, conns: int
     connection thread."""
     per_req = len(ExportTraceServiceRequest.FromString(tmpl).resource_spans[0].scope_spans[0].spans)
     lock = threading.Lock()
-    state = {"k": start_k, "accepted": 0, "errors": 0, "lat": [], "requests": 0}
+    state = {"k": start_k, "accepted": 0, "errors": 0, "lat": [], "requests": 0, "codes": collections.Counter()}
     stop_at = time.perf_counter() + seconds
 
     def run() -> None:
@@ -243,9 +244,9 @@ def load_grpc(target: str, tmpl: bytes, start_k: int, seconds: float, conns: int
                 t = time.perf_counter()
                 try:
                     resp = export(body, timeout=120)
-                    ok, rej = True, resp.partial_success.rejected_spans
-                except grpc.RpcError:
-                    ok, rej = False, 0
+                    ok, rej, code = True, resp.partial_success.rejected_spans, None
+                except grpc.RpcError as e:
+                    ok, rej, code = False, 0, f"{e.code().name}: {e.details()}"[:120]
                 dt = time.perf_counter() - t
                 with lock:
                     state["requests"] += 1
@@ -254,6 +255,7 @@ def load_grpc(target: str, tmpl: bytes, start_k: int, seconds: float, conns: int
                         state["accepted"] += per_req - rej
                     else:
                         state["errors"] += 1
+                        state["codes"][code] += 1
 
     threads = [threading.Thread(target=run) for _ in range(conns)]
     t0 = time.perf_counter()
@@ -290,7 +292,7 @@ def measure(server, transport: str, tmpl: bytes, args) -> dict:
             "p50_ms": pct(st["lat"], 50) * 1e3 if st["lat"] else float("nan"),
             "p99_ms": pct(st["lat"], 99) * 1e3 if st["lat"] else float("nan"),
             "stored": n, "want": want, "persisted_rate": max(n, 0) / (t_end - t0), "elapsed": t_end - t0,
-            "peak_rss_mib": peak / 1024}
+            "peak_rss_mib": peak / 1024, "codes": dict(st.get("codes") or {})}
 
 
 def main() -> None:
@@ -338,6 +340,8 @@ def main() -> None:
                   f"p99 {r['p99_ms']:.1f} ms; persisted {r['persisted_rate']:9,.0f} spans/s ({r['stored']} of "
                   f"{r['want']} accepted spans stored {r['elapsed']:.1f} s after the first request); "
                   f"peak RSS {r['peak_rss_mib']:.0f} MiB; load avg {os.getloadavg()[0]:.1f}", flush=True)
+            if r["codes"]:
+                print(f"{'':<17}gRPC refusals: {r['codes']}", flush=True)
             if "shutdown_drain" in r:
                 done, secs, left = r["shutdown_drain"]
                 print(f"{'':<17}phoenix's own log at SIGTERM: its shutdown drain wrote {done} spans in "
