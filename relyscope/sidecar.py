@@ -111,7 +111,8 @@ class Sidecar:
         api_host = api_sock.getsockname()[0]
         api_host = "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host
         self.shadow = ShadowStage(s, self.store, self.pipeline.policy,
-                                  proxy_base_url=f"http://{api_host}:{self.api_port}")
+                                  proxy_base_url=f"http://{api_host}:{self.api_port}",
+                                  state_path=f"{self.pipeline.spool_dir.rstrip('/')}.shadow.json")
         self.pipeline.shadow = self.shadow
         self._http = [
             _UvicornThread(create_otlp_http_app(self.pipeline, token=token), http_sock, "otlp-http", s),
