@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     spool_segment_bytes: int | None = Field(
         None, ge=4096, description="spool segment size; space is freed per whole segment (default min(64 MiB, spool_max_bytes/8))")
     queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
+    decode_workers: int = Field(
+        1, ge=1, le=64, description="processes that decode spool records for the worker (1: in the worker thread); "
+        "results are consumed in spool order, so storing, assembly and commits are unchanged")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
     max_inflight_bytes: int = Field(
         256 << 20, ge=1 << 20, description="request bytes held at once by both OTLP receivers (bodies being read, "
