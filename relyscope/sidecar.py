@@ -95,7 +95,10 @@ class Sidecar:
     def _start(self) -> "Sidecar":
         s = self.settings
         token = s.auth_token.get_secret_value() if s.auth_token else None
-        self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True)
+        from relyscope.store.schema import Retention
+
+        self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True,
+                           retention=Retention.from_settings(s))
         self.pipeline = Pipeline(s, self.store)
         self.pipeline.start()
         http_sock = _bind(s.otlp_http)

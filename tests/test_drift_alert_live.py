@@ -12,6 +12,7 @@ shipped rules file; the alert's expression is the shipped one, unchanged.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from pathlib import Path
@@ -124,5 +125,16 @@ def test_drift_alert_goes_pending_then_firing_and_stable_traffic_never_fires(tmp
         # ... and over the whole run the steady agent never even went pending.
         ever = prom.query(f'max_over_time(ALERTS{{alertname="{ALERT}",agent="steady"}}[5m])')
         assert ever["status"] == "success" and ever["data"]["result"] == [], ever
+        # the dashboard's drift markers (annotation on relyscope_drift_flag): on the drifting
+        # agent, one marker per flagged metric, success_rate among them; none on the steady one
+        dash = json.loads((ROOT / "grafana" / "dashboards" / "relyscope-reliability.json").read_text())
+        [ann] = [a for a in dash["annotations"]["list"] if a["name"] == "Drift flagged"]
+        marks = {}
+        for agent in ("drifting", "steady"):
+            expr = ann["expr"].replace("$agent", agent).replace("$version", "1").replace("$run_kind", "production")
+            body = prom.query(expr)
+            assert body["status"] == "success", body
+            marks[agent] = {r["metric"]["metric"] for r in body["data"]["result"]}
+        assert "success_rate" in marks["drifting"] and marks["steady"] == set(), marks
     finally:
         stop_all(prom, sc)
