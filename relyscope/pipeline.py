@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from relyscope.collector import redaction
+from relyscope.collector import fastpath, redaction
 from relyscope.collector.normalize import normalize
 from relyscope.collector.otlp import (
     DecodeResult,
@@ -64,6 +64,7 @@ from relyscope.scoring import GroupKey, ScoreStage, grade_rows_of, score_rows  #
 from relyscope.collector import quarantine
 from relyscope.collector.budget import InflightBudget
 from relyscope.store import Store, StoreRejected, StoreUnavailable
+from relyscope.store.clickhouse import SpanColumns
 
 __all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes", "default_spool_dir"]
 
@@ -136,6 +137,8 @@ class Pipeline:
                              max_attributes=settings.max_attributes,
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
+        # the hot path (relyscope.collector.fastpath) or the reference it is tested against
+        self._fast = getattr(settings, "ingest_decoder", "fast") == "fast"
         self.inflight = InflightBudget(settings.max_inflight_bytes)  # shared by both receivers
         spool_dir = settings.spool_dir or default_spool_dir(store.dsn)
         self.spool_dir = spool_dir
@@ -371,7 +374,7 @@ class Pipeline:
             res = self._mem.pop(seq, None)
             self._mem_bytes -= self._mem_cost.pop(seq, 0)
         if isinstance(res, DecodeResult):
-            return seq, res
+            return seq, (fastpath.prepare(res, self.redactor) if self._fast else res)
         if res is not None:
             return seq, self._decode_record(seq, res)
         last = self.spool.last_seq
@@ -392,10 +395,14 @@ class Pipeline:
         replayed ones when first accepted)."""
         is_json = payload[:1] == _TAG_JSON
         try:
-            res = decode_http(payload[1:], "application/json" if is_json else "application/x-protobuf",
-                              None, self.limits)
+            if self._fast:  # redacted, normalized and laid out as columns (fastpath.decode_record)
+                res = fastpath.decode_record(payload, self.limits, self.redactor)
+            else:
+                res = decode_http(payload[1:], "application/json" if is_json else "application/x-protobuf",
+                                  None, self.limits)
         except OTLPRequestError:
-            return DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
+            res = DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
+            return fastpath.prepare(res) if self._fast else res
         if not is_json and seq > self._replay_until:
             self.stats.warnings.update(res.warnings)
         return res
@@ -479,12 +486,20 @@ class Pipeline:
                 self._next_seq = max(self._next_seq, took[0] + 1)
         did = False
         if batch:
-            per_record = [(seq, [self.redactor.apply(s) for s in res.spans]) for seq, res in batch]
+            prepared = self._fast and all(fastpath.is_prepared(res) for _, res in batch)
+            if prepared:  # redacted and normalized by fastpath.decode_record
+                per_record = [(seq, res.spans) for seq, res in batch]
+            else:
+                per_record = [(seq, [self.redactor.apply(s) for s in res.spans]) for seq, res in batch]
             try:
                 # one lookup for the whole batch (not per record): replay after a restart ran at a
                 # fifth of the live rate with two FINAL queries per record
                 prior, asked = self._rehydrate([s for _, spans in per_record for s in spans])
-                self.store.insert_spans([s for _, spans in per_record for s in spans])
+                if prepared:
+                    cols = batch[0][1].columns if len(batch) == 1 else _concat([r.columns for _, r in batch])
+                    self.store.insert_span_columns(cols)
+                else:
+                    self.store.insert_spans([s for _, spans in per_record for s in spans])
             except (StoreUnavailable, StoreRejected) as e:
                 # retry later from the spool, which still holds them (memory stays bounded)
                 with self._cv:
@@ -501,8 +516,9 @@ class Pipeline:
             if prior:  # stored spans of these traces (committed records), so they are assembled whole
                 self.builder.add(((s, normalize(s)) for s in prior), now)
             self._rehydrated |= asked
-            for seq, spans in per_record:
-                new = self.builder.add(((s, normalize(s)) for s in spans), now)
+            for (seq, spans), (_, res) in zip(per_record, batch):
+                sems = res.semantics if prepared else (normalize(s) for s in spans)
+                new = self.builder.add(zip(spans, sems), now)
                 self.stats.deduplicated += len(spans) - new
                 self._advance(seq)
             if self._rehydrated and self._next_seq > self._replay_until:
@@ -717,6 +733,13 @@ class Pipeline:
     def rescore(self, *, all_groups: bool = False) -> dict[GroupKey, GroupScore]:
         """Recompute scores of changed groups (or all) from the store; store and publish them."""
         return self.scoring.rescore(all_groups=all_groups)
+
+
+def _concat(parts: list) -> "SpanColumns":
+    out = SpanColumns()
+    for p in parts:
+        out.extend(p)
+    return out
 
 
 _KIND_CODE = {"Unspecified": 0, "Internal": 1, "Server": 2, "Client": 3, "Producer": 4, "Consumer": 5}

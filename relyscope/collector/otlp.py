@@ -219,6 +219,11 @@ class DecodeResult:
             ``trace_id_invalid``, ``trace_id_zero``, ``span_id_*``, ``malformed``, ``internal``.
         repaired: accepted spans per :data:`REPORTED_FLAGS` flag (what was dropped or altered).
         attributes_dropped: attributes the count limit dropped, over the accepted spans.
+        semantics: None, or (once :func:`relyscope.collector.fastpath.prepare` ran) the
+            ``SpanSemantics`` of each span, aligned with ``spans`` (which are then redacted and
+            lean: no attributes or events).
+        columns: None, or (prepared) the ``otel_traces`` rows of the full spans as a
+            :class:`relyscope.store.clickhouse.SpanColumns`. Both pickle.
     """
 
     spans: list[CanonicalSpan] = field(default_factory=list)
@@ -228,6 +233,8 @@ class DecodeResult:
     rejected_by_reason: collections.Counter = field(default_factory=collections.Counter)
     repaired: collections.Counter = field(default_factory=collections.Counter)
     attributes_dropped: int = 0
+    semantics: list | None = None
+    columns: Any = None
 
     def error_message(self) -> str:
         """Reasons joined by ``"; "`` (the first 10, then ``"… and N more"``), then the repairs
