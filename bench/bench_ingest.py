@@ -21,7 +21,7 @@ the same run:
    all are stored and ``relyscope_open_traces`` reaches N; peak RSS (``VmHWM``) vs idle.
 
 Run: ``.venv/bin/python bench/bench_ingest.py [--seconds 8] [--conns 4] [--traces 10000]
-[--drain-seconds 60] [--phases receiver,worker,memory]``
+[--drain-seconds 60] [--phases receiver,worker,memory] [--decoder fast|legacy]``
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def phase_receiver(root: Path, tmpl: bytes, args) -> float:
 
 def phase_worker(root: Path, tmpl: bytes, args) -> tuple[float, float]:
     """Store up: accepted spans/s while the worker competes, then the stored spans/s."""
-    sc = Sidecar(root / "b")
+    sc = Sidecar(root / "b", {"RELYSCOPE_INGEST_DECODER": args.decoder} if args.decoder else None)
     try:
         t0 = time.perf_counter()
         b = load(sc.http, tmpl, 0, args.seconds, args.conns)
@@ -265,6 +265,8 @@ def main() -> None:
                     help="how long the end-to-end phase waits for the worker after the load")
     ap.add_argument("--drain-timeout", type=float, default=600.0, help="bound of the memory phase")
     ap.add_argument("--phases", default="receiver,worker,memory")
+    ap.add_argument("--decoder", default="", help="the worker's decode path in the worker phase "
+                    "(RELYSCOPE_INGEST_DECODER: fast, the default, or legacy)")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     if (os.cpu_count() or 1) > 1:

@@ -36,6 +36,7 @@ than the whole spool) are raised to the receivers, which map them to OTLP status
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import logging
 import os
@@ -416,10 +417,25 @@ class Pipeline:
             self._mem_bytes -= self._mem_cost.pop(seq, 0)
             self._cv.notify_all()
 
+    def _work_batch(self) -> bool:
+        """:meth:`_work_once` with the cyclic GC off for its duration (up to 8 192 spans): the
+        batch's objects all live until it is stored, so collecting meanwhile only re-traverses
+        them; the first allocation after the batch collects once. This cut the GC share of the
+        worker from ~15-20 to ~4 us per span (bench/bench_worker.py). The GC is never off while
+        the worker waits."""
+        gc_on = gc.isenabled()
+        if gc_on:
+            gc.disable()
+        try:
+            return self._work_once()
+        finally:
+            if gc_on:
+                gc.enable()
+
     def _work_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                did = self._work_once()
+                did = self._work_batch()
             except Exception:  # noqa: BLE001 - a stage boundary: log, keep running
                 log.exception("worker iteration failed")
                 did = False

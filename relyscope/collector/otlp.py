@@ -35,8 +35,10 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
+import dataclasses
 import json as _json
 import math
+import operator
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -56,7 +58,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from relyscope.collector.normalize.versions import attribute_rank, never_truncate
-from relyscope.model import CanonicalSpan, SpanEvent
+from relyscope.model import CanonicalSpan, SpanEvent, SpanSemantics
 
 __all__ = [
     "OTLPRequestError",
@@ -236,10 +238,30 @@ class DecodeResult:
     semantics: list | None = None
     columns: Any = None
 
+    def __reduce__(self):
+        # a decode worker process sends prepared batches back: spans and semantics as plain tuples
+        # (C-level attrgetter out, positional constructors in) unpickle ~2x faster than the
+        # dataclasses' own pickling, which the receiving worker thread would pay per span
+        return (_rebuild_result, (
+            [_SPAN_GET(s) for s in self.spans],
+            None if self.semantics is None else [_SEM_GET(x) for x in self.semantics],
+            self.rejected, self.errors, self.warnings, self.rejected_by_reason, self.repaired,
+            self.attributes_dropped, self.columns))
+
     def error_message(self) -> str:
         """Reasons joined by ``"; "`` (the first 10, then ``"… and N more"``), then the repairs
         made to accepted spans (:data:`REPORTED_FLAGS`, with counts); ``""`` if none."""
         return _compose(self.errors, self.repaired, self.attributes_dropped)
+
+
+_SPAN_GET = operator.attrgetter(*(f.name for f in dataclasses.fields(CanonicalSpan)))
+_SEM_GET = operator.attrgetter(*(f.name for f in dataclasses.fields(SpanSemantics)))
+
+
+def _rebuild_result(spans, sems, rejected, errors, warnings, by_reason, repaired, dropped, columns):
+    """Inverse of :meth:`DecodeResult.__reduce__`."""
+    return DecodeResult([CanonicalSpan(*t) for t in spans], rejected, errors, warnings, by_reason, repaired,
+                        dropped, None if sems is None else [SpanSemantics(*t) for t in sems], columns)
 
 
 def _join_errors(errors: Any) -> str:

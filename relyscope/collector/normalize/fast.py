@@ -134,36 +134,36 @@ def _pick(a, table) -> dict[str, Any]:
     return {f: pv[1] for f, pv in found.items()}
 
 
+#: GenAI fields converted one to one: field -> (SpanSemantics field, converter). Every converter
+#: maps None to None, so an absent field is simply not looked at.
+_GENAI_CONV: Final = {
+    "agent_name": as_str, "agent_id": as_str, "agent_version": as_str, "is_nested": as_bool,
+    "conversation_id": as_str, "provider": as_str, "tool_name": as_str, "tool_call_id": as_str,
+    "tool_type": as_str, "tool_arguments": decode_json_once, "tool_result": decode_json_once,
+    "input_tokens": as_int, "output_tokens": as_int, "cache_read_tokens": as_int,
+    "cache_write_tokens": as_int, "reasoning_tokens": as_int, "total_tokens": as_int,
+}
+
+
 def _genai(span: CanonicalSpan) -> dict[str, Any]:
     """:func:`~.genai.extract` for a span with no legacy message events (same fields, same
-    order of precedence)."""
+    order of precedence; fields it would give as None are left out)."""
     a = span.attributes
     p = _pick(a, _GENAI_TABLE)
-    g = p.get
     out: dict[str, Any] = {}
     op_name = a.get(_OPERATION)
     if isinstance(op_name, str):
         op = genai.OPERATIONS.get(op_name.strip().lower())
         if op is not None:
             out["op"] = op
-    out["agent_name"] = as_str(g("agent_name"))
-    out["agent_id"] = as_str(g("agent_id"))
-    out["agent_version"] = as_str(g("agent_version"))
-    out["is_nested"] = as_bool(g("is_nested"))
-    out["conversation_id"] = as_str(g("conversation_id"))
-    out["provider"] = as_str(g("provider"))
-    out["model"] = as_str(g("response_model")) or as_str(g("request_model"))
-    out["tool_name"] = as_str(g("tool_name"))
-    out["tool_call_id"] = as_str(g("tool_call_id"))
-    out["tool_type"] = as_str(g("tool_type"))
-    out["tool_arguments"] = decode_json_once(g("tool_arguments"))
-    out["tool_result"] = decode_json_once(g("tool_result"))
-    out["input_tokens"] = as_int(g("input_tokens"))
-    out["output_tokens"] = as_int(g("output_tokens"))
-    out["cache_read_tokens"] = as_int(g("cache_read_tokens"))
-    out["cache_write_tokens"] = as_int(g("cache_write_tokens"))
-    out["reasoning_tokens"] = as_int(g("reasoning_tokens"))
-    out["total_tokens"] = as_int(g("total_tokens"))
+    conv = _GENAI_CONV
+    for f, v in p.items():
+        c = conv.get(f)
+        if c is not None:
+            out[f] = c(v)
+    g = p.get
+    if "response_model" in p or "request_model" in p:
+        out["model"] = as_str(g("response_model")) or as_str(g("request_model"))
     fin = g("finish_reasons")
     finish = as_str_tuple(fin) if fin is not None else ()
     in_msgs = g("input_messages")
