@@ -209,7 +209,10 @@ def phase_receiver(root: Path, tmpl: bytes, args) -> float:
 
 def phase_worker(root: Path, tmpl: bytes, args) -> tuple[float, float]:
     """Store up: accepted spans/s while the worker competes, then the stored spans/s."""
-    sc = Sidecar(root / "b", {"RELYSCOPE_INGEST_DECODER": args.decoder} if args.decoder else None)
+    env = {"RELYSCOPE_INGEST_DECODER": args.decoder} if args.decoder else {}
+    if args.score_interval:
+        env["RELYSCOPE_SCORE_INTERVAL_S"] = str(args.score_interval)
+    sc = Sidecar(root / "b", env)
     try:
         t0 = time.perf_counter()
         b = load(sc.http, tmpl, 0, args.seconds, args.conns)
@@ -267,6 +270,8 @@ def main() -> None:
     ap.add_argument("--phases", default="receiver,worker,memory")
     ap.add_argument("--decoder", default="", help="the worker's decode path in the worker phase "
                     "(RELYSCOPE_INGEST_DECODER: fast, the default, or legacy)")
+    ap.add_argument("--score-interval", type=float, default=0.0,
+                    help="RELYSCOPE_SCORE_INTERVAL_S of the worker phase (default 5: the scorer competes)")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     if (os.cpu_count() or 1) > 1:
