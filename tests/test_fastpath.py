@@ -261,3 +261,23 @@ def test_decode_record_is_pure_and_pickles():
     assert (a.rejected, a.errors, a.warnings, a.repaired) == (full.rejected, full.errors, full.warnings,
                                                               full.repaired)
     assert all(not s.attributes and not s.events for s in a.spans)
+
+
+def test_decode_pool_runs_the_hot_path_and_returns_the_same_batches():
+    """decode_workers > 1 runs fastpath.decode_record (with the redactor) in processes: each batch
+    comes back equal to the in-thread call (spans, semantics, columns, counts)."""
+    import functools
+
+    from relyscope.decode_pool import DecodePool
+    from test_decode_pool import LIMITS, RECORDS
+
+    red = Redactor(["gen_ai.tool.call.*"], [r"\d{3}"])
+    pool = DecodePool(functools.partial(fastpath.decode_record, limits=LIMITS, redactor=red), 2)
+    try:
+        futs = [pool.submit(r) for r in RECORDS]
+        for rec, fut in zip(RECORDS, futs):
+            got, want = fut.result(timeout=120), fastpath.decode_record(rec, LIMITS, red)
+            assert got == want and fastpath.is_prepared(got)
+        assert any(len(fastpath.decode_record(r, LIMITS, red).spans) for r in RECORDS)
+    finally:
+        pool.close()

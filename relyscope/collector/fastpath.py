@@ -22,10 +22,11 @@ Selected by ``Settings.ingest_decoder`` (``fast``, the default, or ``legacy``).
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from relyscope.collector.normalize.fast import normalize_fast
-from relyscope.collector.otlp import DecodeResult, Limits, decode_http
+from relyscope.collector.otlp import DecodeResult, Limits, OTLPRequestError, decode_http
 from relyscope.collector.redaction import Redactor
 from relyscope.model import CanonicalSpan
 from relyscope.store.clickhouse import SpanColumns
@@ -45,13 +46,16 @@ def is_prepared(res: DecodeResult) -> bool:
 
 def decode_record(payload: bytes, limits: Limits, redactor: Redactor | None = None) -> DecodeResult:
     """Decode one spool record (tag byte ``P``/``J`` + decompressed OTLP body) and prepare it.
-
-    Raises:
-        OTLPRequestError: as :func:`~relyscope.collector.otlp.decode_http` (the worker maps it to
-            an empty batch; such a record was refused at ``accept`` and is never spooled).
-    """
+    The hot-path twin of :func:`relyscope.collector.records.decode_spool_record` (same contract:
+    module-level and pure, ``functools.partial(decode_record, limits=..., redactor=...)`` pickles,
+    so ``decode_workers`` processes run it). An unusable body (:class:`OTLPRequestError`, which
+    ``accept`` refused already) decodes to an empty prepared result; never raises otherwise."""
     ct = "application/json" if payload[:1] == TAG_JSON else "application/x-protobuf"
-    return prepare(decode_http(payload[1:], ct, None, limits), redactor)
+    try:
+        res = decode_http(payload[1:], ct, None, limits)
+    except OTLPRequestError:
+        res = DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
+    return prepare(res, redactor)
 
 
 def prepare(res: DecodeResult, redactor: Redactor | None = None) -> DecodeResult:
