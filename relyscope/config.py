@@ -113,6 +113,11 @@ class Settings(BaseSettings):
         64 << 20, ge=0, description="bound on the memory of the finalized traces kept for late spans, bytes "
         "(kept packed, ~100 B per span, and counted by their real size); the oldest are evicted first "
         "(relyscope_finalized_traces_evicted_total)")
+    open_traces_max_bytes: int | None = Field(
+        128 << 20, gt=0, description="bound on the estimated memory of the open (not yet finalized) traces, "
+        "bytes (~1.6 KB per buffered span); beyond it the traces idle the longest are finalized early, as "
+        "their timeout would (relyscope_open_traces_finalized_early_total); a later span re-finalizes its "
+        "trace. null: unbounded")
     malloc_arena_max: int = Field(
         2, ge=0, description="glibc malloc arenas (mallopt M_ARENA_MAX), set at start before the threads; "
         "0 = glibc's default (8 per core). An explicit MALLOC_ARENA_MAX environment variable wins")

@@ -5,7 +5,7 @@ trial (the trace is reloaded from the store), never a one-span fragment."""
 from __future__ import annotations
 
 from test_durability import (_start, _stop_term, check_trials, flush, make_trace, metric, post_json,  # noqa: F401
-                             sidecars, trace_id_of)
+                             sidecars, trace_id_of, wait_until)
 
 BOUND = 4 << 10  # 4 KiB: room for a handful of finalized 5-span traces (packed: ~0.8 KB each)
 
@@ -178,3 +178,56 @@ def test_packed_trace_reassembles_like_the_whole_set_and_ignores_resends():
     assert again == want[0]
     assert again.revision == 2 and len(again.steps) == 15 and again.trial_id == first[0].trial_id
     assert len(again.evaluations) == 8  # the 8 chat spans' evaluation events survived the packing
+
+
+OPEN_BOUND = 40 << 10  # 40 KiB by the builder's estimate: room for a handful of 4-span open traces
+
+
+def test_open_traces_are_bounded_oldest_finalized_early_and_roots_later_complete_them(tmp_path, sidecars):
+    """Bug: open traces had no bound — children whose roots never came (or come minutes later)
+    were held decoded until the 300 s root timeout, however many: memory grew with the flood.
+    With a bound, the traces idle the longest are finalized early (counted), and when their roots
+    arrive the trials are re-finalized whole."""
+    sc = _start(sidecars, tmp_path, RELYSCOPE_OPEN_TRACES_MAX_BYTES=OPEN_BOUND, RELYSCOPE_ROOT_TIMEOUT_S=300)
+    traces = {trace_id_of(71, i): make_trace(trace_id_of(71, i), task=f"t{i % 4}", n_children=4) for i in range(40)}
+    for spans in traces.values():  # children only: every trace stays rootless (open) for now
+        assert post_json(sc, spans[1:]).status_code == 200
+    wait_until(lambda: metric(sc, "relyscope_open_traces_finalized_early_total") >= 20, what="early finalization")
+    assert metric(sc, "relyscope_open_traces_bytes") <= OPEN_BOUND
+    assert metric(sc, "relyscope_open_traces") < 40
+    for spans in traces.values():  # the roots arrive late
+        assert post_json(sc, spans[:1]).status_code == 200
+    flush(sc)
+    check_trials(sc, traces)  # every trial whole and complete, none left a rootless fragment
+    assert _stop_term(sc) == 0
+
+
+def test_builder_open_bound_finalizes_the_oldest_first_down_to_90_percent():
+    from relyscope.collector.normalize import normalize
+    from relyscope.model import CanonicalSpan
+    from relyscope.trajectory import TrajectoryBuilder
+    from relyscope.trajectory.builder import _span_bytes
+
+    def child(tid: str) -> tuple:
+        sp = CanonicalSpan(trace_id=tid, span_id="b" * 16, parent_span_id="a" * 16, name="chat m", kind=1,
+                           start_ns=2, end_ns=5, attributes={"gen_ai.operation.name": "chat"})
+        return sp, normalize(sp)
+
+    per = _span_bytes(*child("0" * 32))  # every trace holds one such span
+    b = TrajectoryBuilder(grace_s=0, root_timeout_s=300, open_max_bytes=10 * per)
+    for i in range(10):  # exactly at the bound: nothing happens
+        b.add([child(f"{i:032x}")], float(i))
+    assert b.poll(10.0) == [] and b.open_bytes == 10 * per and b.finalized_early == 0
+    b.add([child(f"{10:032x}")], 10.0)  # one over: finalize the oldest until ≤ 9 traces' worth
+    out = b.poll(10.5)
+    assert b.finalized_early == 2 and b.open_traces == 9 and b.open_bytes == 9 * per
+    assert sorted(t.trace_id for t in out) == [f"{0:032x}", f"{1:032x}"]  # idle the longest
+    assert all(t.status == "incomplete" for t in out)  # rootless, as their timeout would have made them
+    # a late span re-opens one (two spans' worth now); the books still balance
+    import dataclasses
+
+    sp, sem = child(f"{0:032x}")
+    b.add([(dataclasses.replace(sp, span_id="c" * 16), sem)], 11.0)
+    assert b.open_traces == 10 and b.open_bytes == 11 * per
+    b.flush(12.0)
+    assert b.open_traces == 0 and b.open_bytes == 0

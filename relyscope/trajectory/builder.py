@@ -704,6 +704,7 @@ class _Trace:
     bytes: int = 0  # estimated memory of the decoded spans (_span_bytes)
     last_bytes: int = 0  # memory when last finalized (_pack): what it counts in ``retained_bytes``
     packed: bytes | None = None  # finalized: spans and emitted trials in compact form (_pack)
+    open_counted: int = 0  # what this trace adds to ``TrajectoryBuilder.open_bytes`` (0 unless open)
 
 
 # A decoded span held by the builder (CanonicalSpan without attributes/events, SpanSemantics, its
@@ -817,16 +818,26 @@ class TrajectoryBuilder:
             unbounded); the oldest are evicted first.
         forget_evicted: forget evicted traces instead of dropping their late spans (module
             docstring).
+        open_max_bytes: bound on the estimated memory of the open (not yet finalized) traces,
+            bytes (None: unbounded). Beyond it :meth:`poll` finalizes the open traces idle the
+            longest — as their timeout would, ``incomplete`` if rootless — until they hold at
+            most 90 % of it; a span arriving later re-finalizes its trace as a late span does.
 
     Attributes:
         dropped_late: spans not assembled because their trace was already evicted.
         evicted: finalized traces evicted (by age or by ``retain_bytes``).
         retained_bytes: estimated memory of the finalized traces kept, bytes.
+        open_bytes: estimated memory of the open traces, bytes.
+        finalized_early: open traces finalized before their timeout because of ``open_max_bytes``.
     """
 
     def __init__(self, *, grace_s: float = 5.0, root_timeout_s: float = 300.0, retain_s: float = 900.0,
-                 retain_bytes: int | None = None, forget_evicted: bool = False):
+                 retain_bytes: int | None = None, forget_evicted: bool = False,
+                 open_max_bytes: int | None = None):
         self.grace_s = grace_s
+        self.open_max_bytes = open_max_bytes
+        self.open_bytes = 0
+        self.finalized_early = 0
         self.root_timeout_s = root_timeout_s
         self.retain_s = retain_s
         self.retain_bytes = retain_bytes
@@ -958,6 +969,8 @@ class TrajectoryBuilder:
                 if self._finalized.pop(tid, None) is not None:
                     self.retained_bytes -= tr.last_bytes
             self._open.add(tid)
+            self.open_bytes += tr.bytes - tr.open_counted
+            tr.open_counted = tr.bytes
             heapq.heappush(self._due, (self._due_at(tr), next(self._seq), tid))
         return new
 
@@ -997,6 +1010,9 @@ class TrajectoryBuilder:
             self._thaw(old)
         touched.pop(own, None)
         self._open.discard(own)
+        if old is not None:
+            self.open_bytes -= old.open_counted
+            old.open_counted = 0
         if self._finalized.pop(own, None) is not None and old is not None:
             self.retained_bytes -= old.last_bytes
         pending = self._evals.pop(own, None)
@@ -1035,6 +1051,8 @@ class TrajectoryBuilder:
             if tr is None or not tr.dirty or self._due_at(tr) > now:
                 continue  # stale entry: a newer one is in the heap, or already finalized
             out.extend(self._finalize(tid, tr, now))
+        if self.open_max_bytes is not None and self.open_bytes > self.open_max_bytes:
+            out.extend(self._finalize_oldest(now))
         while self._finalized:
             tid, at = next(iter(self._finalized.items()))
             over = self.retain_bytes is not None and self.retained_bytes > self.retain_bytes
@@ -1068,6 +1086,18 @@ class TrajectoryBuilder:
                 self._evals.pop(tid, None)
         return out
 
+    def _finalize_oldest(self, now: float) -> list[Trial]:
+        """Finalize the open traces idle the longest until the open ones hold ≤ 90 % of
+        ``open_max_bytes``. Cost: one pass over the open traces, only when over the bound."""
+        target = 0.9 * self.open_max_bytes
+        out: list[Trial] = []
+        for tid in sorted(self._open, key=lambda t: (self._traces[t].last_seen, t)):
+            if self.open_bytes <= target:
+                break
+            out.extend(self._finalize(tid, self._traces[tid], now))
+            self.finalized_early += 1
+        return out
+
     def flush(self, now: float = 0.0) -> list[Trial]:
         """Finalize every open trace now (end of input), complete or not."""
         out: list[Trial] = []
@@ -1087,6 +1117,8 @@ class TrajectoryBuilder:
         tr.dirty = False
         tr.finalized_at = now
         self._open.discard(tid)
+        self.open_bytes -= tr.open_counted
+        tr.open_counted = 0
         if tid in self._finalized:
             self.retained_bytes -= tr.last_bytes
         self._finalized[tid] = now
