@@ -253,6 +253,13 @@ class Rollup:
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
         self.undecided: list[Trial] = []
+        #: every contribution row written to ``contrib_log`` by the syncs since the caller last
+        #: emptied it (layout :data:`_LOG_COLS`; a row is appended once ClickHouse took its
+        #: insert, so a sync that fails later still reports what it wrote) — what the in-memory
+        #: windows (:mod:`relyscope.scoring.live`) are updated from
+        self.rows: list[list] = []
+        #: bumped by :meth:`rebuild` (in-memory copies of the rollups must reload)
+        self.generation = 0
         for ddl in ROLLUP_SCHEMA:
             _command(store, ddl)
         for ddl in retention_ddl(minute_ttl_days, hour_ttl_days, traj_ttl_days):
@@ -353,6 +360,7 @@ class Rollup:
         # one INSERT: the rollups, the trajectory sample and the current contributions are all
         # written by the materialized views of this one block
         self.store._insert("contrib_log", rows, _LOG_COLS)
+        self.rows += rows
         if self.write_grades:
             from relyscope.scoring.stage import grade_rows_of  # the grades table's row shape
 
@@ -427,6 +435,8 @@ class Rollup:
             for table in ROLLUP_TABLES:
                 _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
             self._seen = {}
+            self.generation += 1
+            self.rows = []
         return self.sync()
 
     # ---- reads ----------------------------------------------------------------------------------
@@ -443,13 +453,14 @@ class Rollup:
 
     def window_stats(self, group: GroupKey, since_s: int, window_s: float | None, *,
                      until_s: int | None = None, level: int | None = None,
-                     members: list[tuple[str, str]] | None = None) -> TaskStats:
+                     members: list[tuple[str, str]] | None = None, trajectories: bool = True) -> TaskStats:
         """Per-task statistics of ``group`` over the buckets from ``since_s`` (Unix seconds; see
         :func:`window_start`) — and before ``until_s`` if given — at the level of ``window_s``
         (None: all time) unless ``level`` is given, with the trajectory sample (the most recent
         ``traj_sample`` successful runs per task that ended in the window). ``members``: pool
         these (agent, version) pairs of run kind ``group[2]`` instead (sums are additive; a task id
-        shared by several of them is one task) — the cardinality cap's ``other`` group."""
+        shared by several of them is one task) — the cardinality cap's ``other`` group.
+        ``trajectories`` False: skip the trajectory sample (``trajectories`` left empty lists)."""
         level = level if level is not None else level_for(window_s)[0]
         p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s or 2**31}
         who = "agent = %(a)s AND version = %(v)s"
@@ -470,6 +481,8 @@ class Rollup:
             f"SELECT task_id, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
             "GROUP BY task_id, q HAVING sum(pos) != 0 OR sum(neg) != 0 ORDER BY task_id, q", p) if r[0] in idx]
         traj: list[list[tuple[str, ...]]] = [[] for _ in ids]
+        if not trajectories:
+            return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
         p["m"] = self.traj_sample
         p["hs"] = since_s // 3600 * 3600
         for r in self.store.query(
@@ -480,6 +493,22 @@ class Rollup:
             if r[0] in idx:
                 traj[idx[r[0]]].append(tuple(r[1]))
         return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
+
+    def traj_runs(self, group: GroupKey, tasks: list[str] | None = None) -> list[tuple]:
+        """The all-time trajectory sample of ``group`` (of ``tasks`` only, if given): rows
+        ``(task_id, end Unix ns, trial_id, actions)``, per task the ``traj_sample`` most recent
+        alive runs, most recent first, ties by trial id (the order :meth:`window_stats` reads)."""
+        p = {"a": group[0], "v": group[1], "k": group[2], "m": self.traj_sample}
+        only = ""
+        if tasks is not None:
+            if not tasks:
+                return []
+            p["t"] = tasks
+            only = "AND task_id IN %(t)s "
+        return self.store.query(
+            "SELECT task_id, toUnixTimestamp64Nano(end_time), trial_id, actions FROM {db}.traj_sample FINAL "
+            f"WHERE agent = %(a)s AND version = %(v)s AND run_kind = %(k)s {only}AND alive "
+            "ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p)
 
 
 def _command(store: Store, ddl: str) -> None:

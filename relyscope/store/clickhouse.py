@@ -219,6 +219,7 @@ _TRIAL_COLS = [
     "revision", "span_count", "evaluations", "version_ns", "task_input",
 ]
 _STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
+_STEP_FIELD_SET = frozenset(_STEP_FIELDS)  # membership per key per step: a list made loading trials slow
 
 
 def _step_to_dict(s: Step) -> dict:
@@ -232,7 +233,7 @@ def _step_from_dict(d: dict) -> Step:
     d = dict(d)
     d["op"] = Op(d.get("op", "unknown"))
     d["flags"] = frozenset(d.get("flags") or ())
-    return Step(**{k: v for k, v in d.items() if k in _STEP_FIELDS})
+    return Step(**{k: v for k, v in d.items() if k in _STEP_FIELD_SET})
 
 
 class Store:
