@@ -100,6 +100,9 @@ class ScoreStage:
         self.drift: dict[GroupKey, dict] = {}
         self._drift_cur = parse_windows(settings.drift_current)[0][1]
         self._live: LiveStats | None = None
+        self._rows: list[list] = []  # contribution rows synced, not yet folded into memory
+        #: CI refreshes (long windows and drift) made by the last rescore (for benches)
+        self.last_refreshes = 0
         self._live_gen = 0
         self._ver: dict[tuple[GroupKey, str], int] = {}  # in-memory window version last scored
         self._ci_every_cycle = {n for n, _ in parse_windows(settings.score_ci_every_cycle)} \
@@ -110,6 +113,7 @@ class ScoreStage:
         self._ci_credit = 0.0
         self._ci_clock = 0.0
         self._checked_at: dict[tuple[GroupKey, str], float] = {}
+        self._review_dirty: set[GroupKey] = set()  # changed since their report sections were made
         self._check_credit = 0.0
         self._check_clock = 0.0
         self._drift_ref = parse_windows(settings.drift_reference)[0][1]
@@ -240,9 +244,10 @@ class ScoreStage:
             self._live_gen = self.rollup().generation
         return self._live
 
-    def _sync(self) -> list[list]:
-        """Fold the store's changes into the rollups; returns the contribution rows written
-        (also those of a sync that failed part way: they are in ClickHouse)."""
+    def _sync(self) -> None:
+        """Fold the store's changes into the rollups; the contribution rows written (also those
+        of a sync that failed part way: they are in ClickHouse) wait in ``_rows`` for the next
+        rescore to fold them into the in-memory windows."""
         ru = self.rollup()
         with self._score_lock:
             pending, self._pending_traces = self._pending_traces, set()
@@ -251,18 +256,16 @@ class ScoreStage:
         except BaseException:
             with self._score_lock:
                 self._pending_traces |= pending
-            if self._live is not None:
-                self._live.apply(ru.rows)
-            ru.rows = []
             raise
-        rows, ru.rows = ru.rows, []
+        finally:
+            self._rows += ru.rows
+            ru.rows = []
         for t in ru.undecided:
             self._undecided[t.trial_id] = t
             self._undecided.move_to_end(t.trial_id)
         while len(self._undecided) > 10_000:  # bounded: the oldest undecided are given up on
             self._undecided.popitem(last=False)
         ru.undecided = []
-        return rows
 
     def _refresh_set(self, groups: set[GroupKey], all_groups: bool, now: float) -> set:
         """The (group, window | 'drift') keys whose CIs are recomputed this cycle: every changed
@@ -316,11 +319,11 @@ class ScoreStage:
         windows (× B for the every-cycle CIs), plus a share of the refreshes — never the history."""
         with self._score_lock:
             self._dirty_groups.clear()  # the rollup's watermarks find every change
-        rows_in = self._sync()
+        self._sync()
         if self.settings.judge_url and self._undecided:
             pending = list(self._undecided.values())
             if self._judge(pending):
-                rows_in += self._sync()  # fold the verdicts in now
+                self._sync()  # fold the verdicts in now
             for t in pending[: self.settings.judge_max_per_cycle]:
                 self._undecided.pop(t.trial_id, None)
         ru = self.rollup()
@@ -328,6 +331,7 @@ class ScoreStage:
         if ru.generation != self._live_gen:  # rebuilt: every in-memory window reloads
             live.drop()
             self._live_gen = ru.generation
+        rows_in, self._rows = self._rows, []
         live.apply(rows_in)
         plan = self._plan(ru)  # published group → pooled (agent, version) members, or None
         changed_pub = {self._published_as(g) for g in self._changed}
@@ -374,6 +378,7 @@ class ScoreStage:
                 self._ci_dirty.add((g, name))
         # 2. which CIs are refreshed this cycle
         refresh = self._refresh_set(groups, all_groups, now)
+        self.last_refreshes = len(refresh)
         queued = {(g, name) for g, name, _ in todo}
         lengths = dict(self.windows) | {"all": None}
         for g, name in sorted(refresh):  # a stale CI of a window unchanged since: refresh it too
@@ -417,14 +422,23 @@ class ScoreStage:
                 self._ci_at[key] = now
                 self._ci_dirty.discard(key)
         self._check_some(live, groups, now)
+        # report sections: a changed group's are refreshed when new, on all_groups, else at most
+        # one group per cycle (the stalest whose sections are _REVIEW_EVERY_S old): a review
+        # reloads and regrades _REVIEW_RECENT trials, far more than a cycle's own work
+        self._review_dirty |= {g for g in groups if changed_of[g] and plan[g] is None}
+        self._review_dirty &= {g for g in plan if plan[g] is None}
+        now_due = sorted((g for g in self._review_dirty if g in groups and (
+            all_groups or g not in self._extras or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S)),
+            key=lambda g: (g in self._extras, self._reviewed_at.get(g, 0.0)))
+        if not all_groups:
+            now_due = [g for g in now_due if g not in self._extras] or now_due[:1]
+        for g in now_due:
+            self._extras[g] = self._review(g, now)
+            self._reviewed_at[g] = now
+            self._review_dirty.discard(g)
         for g in sorted(groups):
             members = plan[g]
-            changed = changed_of[g]
-            due = all_groups or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S or g not in self._extras
-            if changed and due and members is None:
-                self._extras[g] = self._review(g, now)
-                self._reviewed_at[g] = now
-            elif members is not None:
+            if members is not None:
                 self._extras[g] = {"warnings": [
                     f"{len(members)} (agent, version) label sets beyond RELYSCOPE_MAX_LABEL_SETS="
                     f"{self.settings.max_label_sets} are scored together as agent=version='other'"
