@@ -158,7 +158,8 @@ def main() -> None:
         rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes))
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} long-window/drift CI refreshes), "
-              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle)", flush=True)
+              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle); "
+              + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
     if prof is not None:
         import pstats
 

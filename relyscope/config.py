@@ -59,10 +59,10 @@ class Settings(BaseSettings):
         "5m,1h,24h,7d,all", description="sliding windows the live scores are computed over (comma list of "
         "<n>s|m|h|d or 'all'; exported as the gauges' window label); offline imports are always all-time")
     score_ci_every_cycle: str = Field(
-        "5m,1h", description="windows of RELYSCOPE_SCORE_WINDOWS whose bootstrap CIs are recomputed every "
+        "", description="windows of RELYSCOPE_SCORE_WINDOWS whose bootstrap CIs are recomputed every "
         "scoring cycle (comma list; '' = none); the others' CIs, and drift, every score_ci_interval_s")
     score_ci_interval_s: float = Field(
-        300.0, ge=0, description="CI refresh cadence of the other windows (default 24h, 7d, all) and of drift, "
+        300.0, ge=0, description="CI refresh cadence of the other windows (by default all of them) and of drift, "
         "per (group, window), spread over the cycles; their point estimates are recomputed every cycle and "
         "published with the CI of the last refresh (0: every cycle)")
     live_check_interval_s: float = Field(

@@ -150,7 +150,8 @@ def test_stage_publishes_points_every_cycle_and_long_cis_on_cadence(chdb_path):
     base = [dataclasses.replace(t, status="complete", perturbation_family=None,
                                 outcome="success" if i % 3 else "failure") for i, t in enumerate(base)]
     store.insert_trials(base)
-    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, store=f"chdb://{chdb_path}")
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, score_ci_every_cycle="5m,1h",
+                        store=f"chdb://{chdb_path}")
     stage = ScoreStage(settings, store, None)
     stage.rescore(all_groups=True)
     g = ("a", "1.0", "production")

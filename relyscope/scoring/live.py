@@ -167,6 +167,10 @@ class LiveStats:
         #: group → task → [(end_ns, trial_id, actions)] sorted most recent first (ties: trial id)
         self._traj: dict[GroupKey, dict[str, list[tuple[int, str, tuple[str, ...]]]]] = {}
         self._refill: dict[GroupKey, set[str]] = {}
+        #: group → task → version of its trajectory list (bumped on every change to it)
+        self._tver: dict[GroupKey, dict[str, int]] = {}
+        #: (group, window) → task → (list version, runs in the window, C_traj_d, C_traj_s)
+        self._ctraj: dict[tuple[GroupKey, str], dict[str, tuple[int, int, float, float]]] = {}
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         #: consistency checks that found the memory different from ClickHouse (logged, replaced)
         self.mismatches = 0
@@ -184,10 +188,21 @@ class LiveStats:
             self._win.clear()
             self._traj.clear()
             self._refill.clear()
+            self._tver.clear()
+            self._ctraj.clear()
         else:
             self._win.pop(group, None)
             self._traj.pop(group, None)
             self._refill.pop(group, None)
+            self._tver.pop(group, None)
+            for k in [k for k in self._ctraj if k[0] == group]:
+                del self._ctraj[k]
+
+    def _set_traj(self, group: GroupKey, traj: dict[str, list]) -> None:
+        self._traj[group] = traj
+        tv = self._tver.setdefault(group, {})
+        for t in set(tv) | set(traj):
+            tv[t] = tv.get(t, 0) + 1
 
     def _windows_of(self, group: GroupKey) -> list[tuple[str, float | None]]:
         return [("all", None)] if group[2] == "offline" else self.windows
@@ -223,7 +238,7 @@ class LiveStats:
         """(Re)load every window of ``group`` ending at ``now_s`` from ClickHouse."""
         self._win[group] = {name: self._read(group, name, length, now_s)
                             for name, length in self._windows_of(group)}
-        self._traj[group] = self._read_traj(group)
+        self._set_traj(group, self._read_traj(group))
         self._refill.pop(group, None)
 
     # ---- updates -------------------------------------------------------------------------------
@@ -251,11 +266,12 @@ class LiveStats:
                         y, sign = r[_R_Y], r[_R_SIGN]
                         ws.add_hist(r[_R_TASK], float(r[_R_Q]), sign if y == 1 else 0, sign if y == 0 else 0)
                     ws.max_end_ns = max(ws.max_end_ns, int(r[_R_END]))
-            traj = self._traj[g]
+            traj, tv = self._traj[g], self._tver.setdefault(g, {})
             for r in rs:
                 if not r[_R_TRAJ]:
                     continue
                 task, entry = r[_R_TASK], (int(r[_R_END]), r[_R_TID], self._intern(tuple(r[_R_ACT])))
+                tv[task] = tv.get(task, 0) + 1
                 runs = traj.setdefault(task, [])
                 if r[_R_SIGN] < 0:
                     for i, e in enumerate(runs):
@@ -273,8 +289,10 @@ class LiveStats:
         for g, tasks in list(self._refill.items()):
             if g in self._traj and tasks:
                 fresh = self._read_traj(g, sorted(tasks))
+                tv = self._tver.setdefault(g, {})
                 for t in tasks:
                     self._traj[g][t] = fresh.get(t, [])
+                    tv[t] = tv.get(t, 0) + 1
             self._refill.pop(g, None)
         return touched
 
@@ -325,11 +343,36 @@ class LiveStats:
         since_ns = ws.since * 10**9
         traj = self._traj.get(group, {})
         trajectories = [[a for e, _, a in traj.get(t, ()) if e >= since_ns] for t in ids]
+        # per-task C_traj_d / C_traj_s, recomputed only for tasks whose sample changed
+        tv = self._tver.get(group, {})
+        cache = self._ctraj.setdefault((group, name), {})
+        d = np.empty(len(ids))
+        sv = np.empty(len(ids))
+        miss = []
+        for i, t in enumerate(ids):
+            c = cache.get(t)
+            if c is not None and c[0] == tv.get(t, 0) and c[1] == len(trajectories[i]):
+                d[i], sv[i] = c[2], c[3]
+            else:
+                miss.append(i)
+        if miss:
+            from relyscope.scorers import metrics as M
+
+            enc = M.encode_trajectories([trajectories[i] for i in miss])
+            md, ms = M.c_traj_d_per_task(enc), M.c_traj_s_per_task(enc)
+            for j, i in enumerate(miss):
+                d[i], sv[i] = md[j], ms[j]
+                cache[ids[i]] = (tv.get(ids[i], 0), len(trajectories[i]), float(md[j]), float(ms[j]))
+        if len(cache) > 2 * len(ids) + 64:
+            live = set(ids)
+            for t in [t for t in cache if t not in live]:
+                del cache[t]
         if ws.pooled:
             pooled = sorted((q, p, n) for q, (p, n) in ws.hist.items() if p or n)
-            return TaskStats(ids, sums, [], trajectories, max_end_ns=ws.max_end_ns, pooled_hist=pooled)
+            return TaskStats(ids, sums, [], trajectories, max_end_ns=ws.max_end_ns, pooled_hist=pooled,
+                             traj_values=(d, sv))
         hist = sorted((idx[t], q, p, n) for (t, q), (p, n) in ws.hist.items() if t in idx and (p or n))
-        return TaskStats(ids, sums, hist, trajectories, max_end_ns=ws.max_end_ns)
+        return TaskStats(ids, sums, hist, trajectories, max_end_ns=ws.max_end_ns, traj_values=(d, sv))
 
     def check(self, group: GroupKey, name: str, now_s: float, *, fresh: TaskStats | None = None) -> bool:
         """Compare one window (and the group's trajectory sample as that window sees it) with
@@ -347,7 +390,7 @@ class LiveStats:
             new = WindowState(ws.name, ws.length, ws.level, ws.size, ws.since, ws.pooled, version=ws.version + 1)
             self._fill(new, fresh)
             self._win[group][name] = new
-            self._traj[group] = self._read_traj(group)
+            self._set_traj(group, self._read_traj(group))
         return ok
 
 

@@ -101,8 +101,10 @@ class ScoreStage:
         self._drift_cur = parse_windows(settings.drift_current)[0][1]
         self._live: LiveStats | None = None
         self._rows: list[list] = []  # contribution rows synced, not yet folded into memory
-        #: CI refreshes (long windows and drift) made by the last rescore (for benches)
+        #: CI refreshes (long windows and drift) made by the last rescore, and its seconds per
+        #: phase (for benches)
         self.last_refreshes = 0
+        self.phase_s: dict[str, float] = {}
         self._live_gen = 0
         self._ver: dict[tuple[GroupKey, str], int] = {}  # in-memory window version last scored
         self._ci_every_cycle = {n for n, _ in parse_windows(settings.score_ci_every_cycle)} \
@@ -332,7 +334,10 @@ class ScoreStage:
             live.drop()
             self._live_gen = ru.generation
         rows_in, self._rows = self._rows, []
+        clk = time.perf_counter
+        t0 = clk()
         live.apply(rows_in)
+        ph = self.phase_s = {"apply": clk() - t0}
         plan = self._plan(ru)  # published group → pooled (agent, version) members, or None
         changed_pub = {self._published_as(g) for g in self._changed}
         groups = set(plan) if all_groups or not self.window_scores else \
@@ -346,6 +351,7 @@ class ScoreStage:
             if g not in plan or plan[g] is not None:
                 live.drop(g)  # gone, or folded into 'other' (scored from ClickHouse)
         # 1. memory to now; which windows changed
+        t0 = clk()
         todo: list[tuple[GroupKey, str, float | None]] = []
         changed_of: dict[GroupKey, bool] = {}
         for g in sorted(groups):
@@ -376,6 +382,7 @@ class ScoreStage:
         for g, name, _ in todo:
             if name not in every or plan[g] is not None:
                 self._ci_dirty.add((g, name))
+        ph["advance"] = clk() - t0
         # 2. which CIs are refreshed this cycle
         refresh = self._refresh_set(groups, all_groups, now)
         self.last_refreshes = len(refresh)
@@ -385,6 +392,8 @@ class ScoreStage:
             if name != "drift" and (g, name) not in queued:
                 todo.append((g, name, lengths[name]))
         # 3. score
+        t0 = clk()
+        ph["refresh"] = 0.0
         for g, name, length in todo:
             members = plan[g]
             measured = policy_for(self.policy, g[0]) is not None
@@ -392,6 +401,7 @@ class ScoreStage:
             since = window_start(now, length)
             self._scored_since[key] = since
             full = key in refresh or (members is None and name in every)
+            t1 = clk()
             if members is not None or (full and name not in every):
                 # pooled 'other' group, or a CI refresh: read the window from ClickHouse
                 st = ru.window_stats(g, since, length, members=members)
@@ -415,13 +425,21 @@ class ScoreStage:
                 # window end: the latest trial end in it, so rescoring unchanged data
                 # writes the same row (the scores table is a ReplacingMergeTree on it)
                 rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, s.n_boot, name, stats_digest(st))
+            if key in refresh:
+                ph["refresh"] += clk() - t1
+        ph["score"] = clk() - t0 - ph["refresh"]
+        t0 = clk()
         for g in sorted(groups):
             key = (g, "drift")
             if g[2] != "offline" and key in refresh:
                 drift[g] = self._drift(ru, g, now, policy_for(self.policy, g[0]) is not None, plan[g])
                 self._ci_at[key] = now
                 self._ci_dirty.discard(key)
+        ph["drift"] = clk() - t0
+        t0 = clk()
         self._check_some(live, groups, now)
+        ph["check"] = clk() - t0
+        t0 = clk()
         # report sections: a changed group's are refreshed when new, on all_groups, else at most
         # one group per cycle (the stalest whose sections are _REVIEW_EVERY_S old): a review
         # reloads and regrades _REVIEW_RECENT trials, far more than a cycle's own work
@@ -446,6 +464,7 @@ class ScoreStage:
                        "object's repr with a memory address (an instrumentation bug: pass the agent's name)"
                        if any(_looks_like_repr(a) for a, _ in members) else "")],
                     "folded_label_sets": len(members)}
+        ph["review"] = clk() - t0
         for name in out:  # groups folded since they were published
             for g in [g for g in out[name] if g not in plan]:
                 del out[name][g]

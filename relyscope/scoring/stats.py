@@ -154,7 +154,7 @@ class TaskStats:
     latest end time (Unix ns) of a trial folded into these buckets (0: unknown).
     ``pooled_hist``: instead of ``hist``, the histogram summed over tasks, ``(q, successes,
     failures)`` rows — enough for every point estimate, not for a bootstrap (the in-memory long
-    windows of :mod:`relyscope.scoring.live` keep only this)."""
+    windows of :mod:`relyscope.scoring.live` keep only this). ``traj_values``: see the field."""
 
     task_ids: list[str]
     sums: NDArray[Any]
@@ -162,6 +162,10 @@ class TaskStats:
     trajectories: list[list[tuple[str, ...]]] = field(default_factory=list)
     max_end_ns: int = 0
     pooled_hist: list[tuple[float, int, int]] | None = None
+    #: optional (C_traj_d, C_traj_s) per task (arrays aligned with ``task_ids``) of
+    #: ``trajectories``, as :func:`relyscope.scorers.metrics.c_traj_d_per_task` /
+    #: ``c_traj_s_per_task`` give them: a caller that caches them skips recomputing
+    traj_values: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
     def col(self, name: str) -> NDArray[Any]:
         return self.sums[:, _COL_INDEX[name]] if self.sums.size else np.zeros(0, dtype=object)
@@ -279,10 +283,15 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
         per = fn(c, n)
         results[key] = M.mean_over_tasks(per, n)
         stats[key] = ("mean", cols.mean(per))
-    enc = M.encode_trajectories(sub.trajectories if n_tasks else [])
-    m_succ = np.where(enc.task_sizes >= 2, enc.task_sizes, 0)
-    for key, fn in (("C_traj_d", M.c_traj_d_per_task), ("C_traj_s", M.c_traj_s_per_task)):
-        per = fn(enc)
+    if st.traj_values is not None:  # per-task values computed (and cached) by the caller
+        sizes = np.array([len(x) for x in sub.trajectories], dtype=np.int64)
+        m_succ = np.where(sizes >= 2, sizes, 0)
+        pers = [np.asarray(v, dtype=np.float64)[usable] for v in st.traj_values]
+    else:
+        enc = M.encode_trajectories(sub.trajectories if n_tasks else [])
+        m_succ = np.where(enc.task_sizes >= 2, enc.task_sizes, 0)
+        pers = [M.c_traj_d_per_task(enc), M.c_traj_s_per_task(enc)]
+    for key, per in zip(("C_traj_d", "C_traj_s"), pers):
         results[key] = M.mean_over_tasks(per, m_succ)
         stats[key] = ("mean", cols.mean(per))
     results["C_traj"] = M.c_traj(results["C_traj_d"], results["C_traj_s"])
