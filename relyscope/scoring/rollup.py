@@ -303,32 +303,59 @@ class Rollup:
                           "WHERE judged_at > fromUnixTimestamp64Milli(%(w)s)", {"w": max(0, wj - OVERLAP_NS // 10**6)})
                 by_trial |= {r[0] for r in jrows}
                 new_wj = max([wj] + [int(r[1]) for r in jrows])
+            named = {r[1] for r in orows if r[0] == "trace"}
             if by_trial:
-                trace_ids |= {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE trial_id IN %(ids)s",
-                                              {"ids": sorted(by_trial)})}
+                named |= {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE trial_id IN %(ids)s",
+                                          {"ids": sorted(by_trial)})}
+                trace_ids |= named
+            # traces whose rows are all recent and that nothing else names (no posted outcome,
+            # verdict or replay): loaded from the recent rows alone (no FINAL over the table)
+            wmin = max(0, wt - OVERLAP_NS)
+            fast: dict[str, set[str]] = {}
+            for r in rows:
+                fast.setdefault(r[1], set()).add(r[0])
+            slow = (trace_ids - set(fast)) | (named & set(fast))
             if trace_ids:  # replays of changed production runs resolve against them (§6 item 4)
-                trace_ids |= {r[0] for r in q(
-                    "SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN "
-                    "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(trace_ids)})}
+                ids = sorted({i for t in trace_ids - slow for i in fast[t]})
+                replays = {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN %(ids)s",
+                                           {"ids": ids or [""]})} if ids else set()
+                if slow:
+                    replays |= {r[0] for r in q(
+                        "SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN "
+                        "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(slow)})}
+                slow |= replays
+                trace_ids |= replays
+            fast = {t: v for t, v in fast.items() if t in trace_ids and t not in slow}
             changed: set[GroupKey] = set()
             tids = sorted(trace_ids)
             for i in range(0, len(tids), _BATCH):
-                changed |= self._refold(tids[i:i + _BATCH])
+                changed |= self._refold(tids[i:i + _BATCH], fast, wmin)
             self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj})
             self._seen.update((r[0], int(r[2])) for r in fresh)
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
             return changed
 
-    def _refold(self, trace_ids: list[str]) -> set[GroupKey]:
+    def _refold(self, trace_ids: list[str], fast: dict[str, set[str]] | None = None,
+                min_version_ns: int = 0) -> set[GroupKey]:
         """Re-resolve the trials of ``trace_ids`` and replace their contributions (−old, +new, in
-        one insert); retract those of trial ids these traces no longer have (superseded)."""
+        one insert); retract those of trial ids these traces no longer have (superseded).
+        ``fast``: trace → trial ids of its rows stored after ``min_version_ns``, for traces whose
+        change is those rows alone (read from the recent rows; the others from the whole table)."""
         q = self.store.query
-        trials = self.store.load_trials(trace_ids=trace_ids)
+        fast = fast or {}
+        quick = [t for t in trace_ids if t in fast]
+        slow = [t for t in trace_ids if t not in fast]
+        trials = self.store.load_trials(trace_ids=quick, min_version_ns=min_version_ns) if quick else []
+        if slow:
+            trials += self.store.load_trials(trace_ids=slow)
         ids = [t.trial_id for t in trials]
-        # every trial id these traces ever had (a re-keyed trial leaves a tombstone row)
-        all_ids = {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
-                                   {"t": trace_ids})} | set(ids)
+        # every trial id these traces ever had (a re-keyed trial leaves a tombstone row, recent
+        # when the re-keying is)
+        all_ids = {i for t in quick for i in fast[t]} | set(ids)
+        if slow:
+            all_ids |= {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
+                                        {"t": slow})}
         resolved = self.resolve(trials)
         prev = self._current(all_ids)
         new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
@@ -380,6 +407,12 @@ class Rollup:
 
     def _current(self, trial_ids: Iterable[str]) -> dict[str, tuple[GroupKey, _Current]]:
         ids = sorted(set(trial_ids))
+        if not ids:
+            return {}
+        # which of them have a contribution at all (one column; new trials have none), before
+        # reading the full rows with FINAL
+        ids = [r[0] for r in self.store.query(
+            "SELECT DISTINCT trial_id FROM {db}.contrib WHERE trial_id IN %(ids)s ORDER BY trial_id", {"ids": ids})]
         if not ids:
             return {}
         rows = self.store.query(
