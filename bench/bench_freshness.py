@@ -67,7 +67,6 @@ def _seed(data_dir: Path, stored: int) -> None:
     wm = (now - 9 * 86400) * 10**9 + (stored - 1) * (8 * 86400 * 10**9 // stored)
     store._insert("scoring_state", [["trials_wm", wm, 1], ["outcomes_wm", 0, 1], ["judge_wm", 0, 1]],
                   ["name", "value", "updated_ns"])
-    store.close() if hasattr(store, "close") else None
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -96,6 +95,11 @@ def main() -> None:
     sc = start_sidecar(data, extra_env={"RELYSCOPE_SCORE_INTERVAL_S": str(args.interval),
                                         "RELYSCOPE_GRACE_PERIOD_S": str(args.grace),
                                         "RELYSCOPE_N_BOOT": str(args.n_boot)}, timeout_s=300)
+    if args.stored:  # wait for the first cycle (every window of the history loaded and scored)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 600 and 'agent="agent0"' not in sc.get("/metrics").text:
+            time.sleep(1)
+        print(f"first cycle done after {time.monotonic() - t0:.0f} s", flush=True)
     ends: list[int] = []
     seen: list[tuple[float, int]] = []  # (poll time ns, trials visible)
     stop = threading.Event()

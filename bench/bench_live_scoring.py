@@ -26,6 +26,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # o
 
 import argparse  # noqa: E402
 import random  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -104,20 +105,30 @@ def main() -> None:
     ap.add_argument("--ci-interval", type=float, default=None, help="RELYSCOPE_SCORE_CI_INTERVAL_S (default: the setting's)")
     ap.add_argument("--ci-every-cycle", default=None, help="RELYSCOPE_SCORE_CI_EVERY_CYCLE (default: the setting's)")
     ap.add_argument("--profile", action="store_true", help="cProfile the cycles; print the top functions")
+
+    ap.add_argument("--data", default=None, help="use this already seeded directory (from --seed-only) instead of seeding")
+    ap.add_argument("--seed-only", default=None, help="seed a store in this directory and exit")
     args = ap.parse_args()
 
-    tmp = tempfile.mkdtemp(prefix="bench-live-")
+    if args.seed_only:
+        store = Store(f"chdb://{args.seed_only}/data")
+        Rollup(store)  # create the rollup schema
+        now = int(time.time())
+        t0 = time.perf_counter()
+        for sql in seed_sql(args.stored, args.groups, args.tasks, now):
+            with store._lock:
+                store._ready_client().command(sql.replace("{db}", store.db))
+        wm = (now - 9 * 86400) * 10**9 + (args.stored - 1) * (8 * 86400 * 10**9 // args.stored)
+        store._insert("scoring_state", [["trials_wm", wm, 1], ["outcomes_wm", 0, 1], ["judge_wm", 0, 1]],
+                      ["name", "value", "updated_ns"])
+        print(f"seeded {args.stored} trials in {time.perf_counter() - t0:.1f} s", flush=True)
+        return
+    tmp = args.data
+    if tmp is None:  # seed in a child process: its memory is not this process's idle RSS
+        tmp = tempfile.mkdtemp(prefix="bench-live-")
+        subprocess.run([sys.executable, __file__, "--seed-only", tmp, "--stored", str(args.stored), "--groups",
+                        str(args.groups), "--tasks", str(args.tasks)], check=True)
     store = Store(f"chdb://{tmp}/data")
-    Rollup(store)  # create the rollup schema
-    now = int(time.time())
-    t0 = time.perf_counter()
-    for sql in seed_sql(args.stored, args.groups, args.tasks, now):
-        with store._lock:
-            store._ready_client().command(sql.replace("{db}", store.db))
-    wm = (now - 9 * 86400) * 10**9 + (args.stored - 1) * (8 * 86400 * 10**9 // args.stored)
-    store._insert("scoring_state", [["trials_wm", wm, 1], ["outcomes_wm", 0, 1], ["judge_wm", 0, 1]],
-                  ["name", "value", "updated_ns"])
-    seed_s = time.perf_counter() - t0
     extra = {k: v for k, v in (("score_ci_interval_s", args.ci_interval), ("score_ci_every_cycle", args.ci_every_cycle))
              if v is not None}
     settings = Settings(n_boot=args.n_boot, store=f"chdb://{tmp}/data", score_interval_s=args.interval, **extra)
@@ -129,7 +140,7 @@ def main() -> None:
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
     loaded = rss_mib()
-    print(f"seeded {args.stored} trials in {seed_s:.1f} s; first full cycle (load every window, every CI) "
+    print(f"store {tmp}: first full cycle (load every window, every CI) "
           f"{first_s:.1f} s; RSS idle {idle:.0f} MiB, after it {loaded:.0f} MiB; settings: ci_interval "
           f"{settings.score_ci_interval_s:g} s, ci_every_cycle {settings.score_ci_every_cycle!r}, "
           f"interval {args.interval:g} s (simulated)", flush=True)
