@@ -297,30 +297,41 @@ class LiveStats:
         return touched
 
     def advance(self, group: GroupKey, now_s: float) -> set[str]:
-        """Slide ``group``'s windows to end at ``now_s``: subtract the buckets each window left
-        (read from ClickHouse: one bucket range), or reload a window whose start moved back (a
-        clock step) or by more than its length. Returns the names of windows that changed."""
-        out = set()
-        wins = self._win[group]
-        for name, ws in list(wins.items()):
-            since = window_start(now_s, ws.length)
-            if since == ws.since:
-                continue
-            out.add(name)
-            if since < ws.since or ws.length is None or since - ws.since >= ws.length:
-                wins[name] = self._read(group, name, ws.length, now_s)
-                continue
-            gone = self.rollup.window_stats(group, ws.since, None, until_s=since, level=ws.level,
-                                            trajectories=False)
-            if gone.task_ids:
-                ws.add(gone.task_ids, gone.sums, -1)
-            for t, q, p, n in gone.hist:
-                ws.add_hist(gone.task_ids[t], q, -p, -n)
-            ws.since = since
-            ws.version += 1
-            if ws.max_end_ns < since * 10**9:
-                ws.max_end_ns = 0
-            ws.compact()
+        """Slide ``group``'s windows to end at ``now_s`` (see :meth:`advance_all`). Returns the
+        names of windows that changed."""
+        return self.advance_all([group], now_s).get(group, set())
+
+    def advance_all(self, groups: list[GroupKey], now_s: float) -> dict[GroupKey, set[str]]:
+        """Slide the windows of ``groups`` to end at ``now_s``: subtract the buckets each window
+        left — read from ClickHouse once per bucket range for all groups — or reload a window
+        whose start moved back (a clock step) or by more than its length. Returns group → names
+        of the windows that changed."""
+        out: dict[GroupKey, set[str]] = {}
+        moves: dict[tuple[int, int, int], list[tuple[GroupKey, WindowState, int]]] = {}
+        for g in groups:
+            wins = self._win[g]
+            for name, ws in list(wins.items()):
+                since = window_start(now_s, ws.length)
+                if since == ws.since:
+                    continue
+                out.setdefault(g, set()).add(name)
+                if since < ws.since or ws.length is None or since - ws.since >= ws.length:
+                    wins[name] = self._read(g, name, ws.length, now_s)
+                    continue
+                moves.setdefault((ws.level, ws.since, since), []).append((g, ws, since))
+        for (level, old, new), items in moves.items():
+            gone_by = self.rollup.range_stats(sorted({g for g, _, _ in items}), level, old, new)
+            for g, ws, since in items:
+                gone = gone_by.get(g)
+                if gone is not None and gone.task_ids:
+                    ws.add(gone.task_ids, gone.sums, -1)
+                    for t, q, p, n in gone.hist:
+                        ws.add_hist(gone.task_ids[t], q, -p, -n)
+                ws.since = since
+                ws.version += 1
+                if ws.max_end_ns < since * 10**9:
+                    ws.max_end_ns = 0
+                ws.compact()
         return out
 
     # ---- reads ---------------------------------------------------------------------------------

@@ -508,6 +508,39 @@ class Rollup:
                 traj[idx[r[0]]].append(tuple(r[1]))
         return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
 
+    def range_stats(self, groups: list[GroupKey], level: int, since_s: int, until_s: int) -> dict[GroupKey, TaskStats]:
+        """Per-task statistics of each of ``groups`` over the buckets of ``level`` in
+        [``since_s``, ``until_s``) — :meth:`window_stats` without trajectories, for many groups
+        in one read (the buckets a sliding window leaves, for every group at once)."""
+        if not groups:
+            return {}
+        p = {"g": sorted(f"{a}\0{v}\0{k}" for a, v, k in groups), "l": level, "s": since_s, "u": until_s}
+        where = ("concat(agent, '\\0', version, '\\0', run_kind) IN %(g)s AND level = %(l)s "
+                 "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
+        rows = self.store.query(
+            f"SELECT agent, version, run_kind, task_id, toUnixTimestamp64Nano(max(max_end)), "
+            f"{', '.join(f'sum({c})' for c in _SUM_NAMES)} FROM {{db}}.task_stats WHERE {where} "
+            "GROUP BY agent, version, run_kind, task_id HAVING sum(n_all) != 0 ORDER BY agent, version, run_kind, task_id", p)
+        per: dict[GroupKey, list] = {}
+        for r in rows:
+            per.setdefault((r[0], r[1], r[2]), []).append(r[3:])
+        hist: dict[GroupKey, list] = {}
+        for r in self.store.query(
+                f"SELECT agent, version, run_kind, task_id, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
+                "GROUP BY agent, version, run_kind, task_id, q HAVING sum(pos) != 0 OR sum(neg) != 0 "
+                "ORDER BY agent, version, run_kind, task_id, q", p):
+            hist.setdefault((r[0], r[1], r[2]), []).append((r[3], float(r[4]), int(r[5]), int(r[6])))
+        out = {}
+        for g in groups:
+            rs = per.get(g, [])
+            ids = [r[0] for r in rs]
+            idx = {t: i for i, t in enumerate(ids)}
+            sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[2:]] for r in rs],
+                            dtype=object).reshape(len(ids), len(_SUM_NAMES))
+            h = [(idx[t], q, a, b) for t, q, a, b in hist.get(g, []) if t in idx]
+            out[g] = TaskStats(ids, sums, h, [[] for _ in ids], max_end_ns=max((int(r[1]) for r in rs), default=0))
+        return out
+
     def traj_runs(self, group: GroupKey, tasks: list[str] | None = None) -> list[tuple]:
         """The all-time trajectory sample of ``group`` (of ``tasks`` only, if given): rows
         ``(task_id, end Unix ns, trial_id, actions)``, per task the ``traj_sample`` most recent

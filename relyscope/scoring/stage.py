@@ -359,14 +359,13 @@ class ScoreStage:
         todo: list[tuple[GroupKey, str, float | None]] = []
         changed_of: dict[GroupKey, bool] = {}
         for g in sorted(groups):
+            if plan[g] is None and not live.loaded(g):
+                live.load(g, now)
+                for name, _ in live._windows_of(g):
+                    self._checked_at[(g, name)] = now
+        live.advance_all([g for g in sorted(groups) if plan[g] is None], now)
+        for g in sorted(groups):
             members = plan[g]
-            if members is None:
-                if not live.loaded(g):
-                    live.load(g, now)
-                    for name, _ in live._windows_of(g):
-                        self._checked_at[(g, name)] = now
-                else:
-                    live.advance(g, now)
             changed = changed_of[g] = g in changed_pub or g not in out.get(self.primary_window, {})
             wins = [("all", None)] if g[2] == "offline" else self.windows
             for name, length in wins:
