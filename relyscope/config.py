@@ -9,6 +9,8 @@ start (a bad value fails fast with the field named) and passed in explicitly; no
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -52,6 +54,9 @@ class Settings(BaseSettings):
     http_read_timeout_s: float = Field(
         30.0, gt=0, description="an HTTP request's header, and separately its body, must arrive within this time "
         "(slow-loris guard: the connection is closed / 408)")
+    ingest_decoder: Literal["fast", "legacy"] = Field(
+        "fast", description="the worker's decode path: fast (columnar insert, key-table normalizer) or legacy "
+        "(decode_http + normalize + row insert: the reference the fast path is tested against)")
     max_attributes: int = Field(128, ge=1, description="attributes kept per span (OTel SDK default)")
     max_attribute_length: int | None = Field(None, ge=1, description="longest string attribute kept; None = unlimited (OTel SDK default)")
     grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")
