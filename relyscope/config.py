@@ -120,8 +120,15 @@ class Settings(BaseSettings):
         900.0, ge=0, description="how long a finalized trace is kept in memory to absorb late spans (later ones "
         "reload the trace from the store)")
     finalized_cache_bytes: int = Field(
-        128 << 20, ge=0, description="bound on the (estimated) memory of the finalized traces kept for late "
-        "spans; the oldest are evicted first (relyscope_finalized_traces_evicted_total)")
+        64 << 20, ge=0, description="bound on the memory of the finalized traces kept for late spans, bytes "
+        "(kept packed, ~100 B per span, and counted by their real size); the oldest are evicted first "
+        "(relyscope_finalized_traces_evicted_total)")
+    malloc_arena_max: int = Field(
+        2, ge=0, description="glibc malloc arenas (mallopt M_ARENA_MAX), set at start before the threads; "
+        "0 = glibc's default (8 per core). An explicit MALLOC_ARENA_MAX environment variable wins")
+    malloc_trim_interval_s: float = Field(
+        30.0, ge=0, description="seconds between malloc_trim(0) calls returning free heap pages to the "
+        "system (glibc); 0 = never")
     stop_timeout_s: float = Field(
         10.0, ge=0, description="graceful stop (SIGTERM): the receivers keep answering while the queue drains, "
         "at most this long; then they close and the rest stays in the spool for the next start")

@@ -342,7 +342,9 @@ class Rollup:
         new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
         grades: dict[GroupKey, dict] = {}
         for t in resolved:
-            if t.outcome == "unknown" and t.status == "complete":
+            # only for a judge: without one nobody empties the stage's queue of them, and it held
+            # up to 10 000 whole trials (steps too), growing with the history (bench_memory.py)
+            if self.judge and t.outcome == "unknown" and t.status == "complete":
                 self.undecided.append(t)
             pol = policy_for(self.policy, t.agent_name)
             g = grade_trial(t, pol)

@@ -73,7 +73,11 @@ dict operations; a trace is assembled only when it is due (once per finalization
 from __future__ import annotations
 
 import dataclasses
+import operator
+import pickle
+import sys
 import types
+import zlib
 
 import bisect
 import hashlib
@@ -84,7 +88,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from relyscope.model import CanonicalSpan, Op, SpanSemantics, Step, Trial
+from relyscope.model import CanonicalSpan, Evaluation, Op, SpanSemantics, Step, Trial
 
 __all__ = ["TrajectoryBuilder", "assemble", "task_fingerprint", "sessions", "SUPERSEDED"]
 
@@ -697,21 +701,100 @@ class _Trace:
     finalized_at: float | None = None
     root_candidates: int = 0  # spans for which _is_root_candidate holds
     emitted: dict[_TrialKey, Trial] = field(default_factory=dict)
-    bytes: int = 0  # estimated memory (_span_bytes)
-    last_bytes: int = 0  # ``bytes`` when last finalized: what it counts in ``retained_bytes``
+    bytes: int = 0  # estimated memory of the decoded spans (_span_bytes)
+    last_bytes: int = 0  # memory when last finalized (_pack): what it counts in ``retained_bytes``
+    packed: bytes | None = None  # finalized: spans and emitted trials in compact form (_pack)
 
 
-_SPAN_BASE_BYTES = 700  # a buffered span, its semantics and its share of the emitted trial (measured)
+# A decoded span held by the builder (CanonicalSpan without attributes/events, SpanSemantics, its
+# dict slot): 1 650-1 750 B for bench_ingest_decode's GenAI spans under CPython 3.11 (tracemalloc,
+# tests/test_finalized_cache.py), plus its decoded tool arguments/result and input text.
+_SPAN_BASE_BYTES = 1600
 
 
 def _span_bytes(span: CanonicalSpan, sem: SpanSemantics) -> int:
-    """Estimated memory of one buffered span, bytes: a fixed part plus its large strings (tool
-    arguments and results count twice: they are in the emitted trial's steps too)."""
+    """Estimated memory of one decoded buffered span, bytes: a fixed part plus its large strings
+    (decoded JSON takes ~3x its text). Used for traces that stay decoded (open traces, and a
+    finalized trace that cannot be packed); packed ones count their real size (:func:`_pack`)."""
     n = _SPAN_BASE_BYTES + len(span.name)
-    for v, times in ((sem.tool_arguments, 2), (sem.tool_result, 2), (sem.first_user_input, 1)):
+    for v, times in ((sem.tool_arguments, 3), (sem.tool_result, 3), (sem.first_user_input, 1)):
         if v is not None:
             n += times * (len(v) if isinstance(v, (str, bytes)) else len(repr(v)))
     return n
+
+
+# ---- compact form of a finalized trace ----------------------------------------------------------
+# A finalized trace is kept only for late spans: re-assembly needs its spans and, for tombstones,
+# the header of each trial it emitted (never the steps). Decoded, that is ~2 KB per span in
+# Python objects; as one zlib-compressed pickle of plain tuples it is ~60-100 B per span, and its
+# size is exact (len of one bytes object), so the byte budget is honest. Built in ~5 us per span
+# (bench/README.md, bench_memory.py), unpacked only when a late span (or a re-send) arrives.
+_SPAN_PACKED = tuple(f.name for f in dataclasses.fields(CanonicalSpan) if f.name not in ("attributes", "events"))
+_SEM_FIELDS = tuple(f.name for f in dataclasses.fields(SpanSemantics))
+_TRIAL_PACKED = tuple(f.name for f in dataclasses.fields(Trial) if f.name != "steps")
+_get_span = operator.attrgetter(*_SPAN_PACKED)
+_get_sem = operator.attrgetter(*_SEM_FIELDS)
+_get_trial = operator.attrgetter(*_TRIAL_PACKED)
+_I_OP = _SEM_FIELDS.index("op")
+_I_SEM_EVALS = _SEM_FIELDS.index("evaluations")
+_I_TRIAL_EVALS = _TRIAL_PACKED.index("evaluations")
+_I_RESOURCE = _SPAN_PACKED.index("resource")
+_OPS = tuple(Op)
+_OP_INDEX = {op: i for i, op in enumerate(_OPS)}
+# the _Trace object, its _traces and _finalized slots, the trace id key, the bytes object header
+_PACKED_TRACE_OVERHEAD = 560
+_PACKED = types.MappingProxyType({})  # spans / emitted of a packed trace: read-only, empty
+
+
+def _evals_out(evs: tuple) -> tuple:
+    return tuple((e.name, e.score, e.label, e.explanation) for e in evs)
+
+
+def _evals_in(evs: tuple) -> tuple:
+    return tuple(Evaluation(*e) for e in evs)
+
+
+def _pack(spans: Mapping[str, tuple[CanonicalSpan, SpanSemantics]], emitted: Mapping[_TrialKey, Trial]) -> bytes:
+    """The compact form of a finalized trace (see above). Raises TypeError / pickle.PicklingError
+    for a value pickle cannot serialize (the trace then stays decoded)."""
+    out_spans = []
+    for span, sem in spans.values():
+        sv = _get_span(span)
+        if type(sv[_I_RESOURCE]) is not dict:
+            sv = list(sv)
+            sv[_I_RESOURCE] = dict(sv[_I_RESOURCE])
+        mv = list(_get_sem(sem))
+        mv[_I_OP] = _OP_INDEX[mv[_I_OP]]
+        if mv[_I_SEM_EVALS]:
+            mv[_I_SEM_EVALS] = _evals_out(mv[_I_SEM_EVALS])
+        out_spans.append((sv, mv))
+    out_trials = []
+    for t in emitted.values():
+        tv = list(_get_trial(t))
+        if tv[_I_TRIAL_EVALS]:
+            tv[_I_TRIAL_EVALS] = _evals_out(tv[_I_TRIAL_EVALS])
+        out_trials.append(tv)
+    return zlib.compress(pickle.dumps((out_spans, out_trials), protocol=5), 1)
+
+
+def _unpack(blob: bytes) -> tuple[dict[str, tuple[CanonicalSpan, SpanSemantics]], dict[_TrialKey, Trial]]:
+    """Inverse of :func:`_pack`: spans keyed by span id (attributes and events empty, as the
+    builder holds them) and the emitted trials without their steps."""
+    out_spans, out_trials = pickle.loads(zlib.decompress(blob))
+    spans = {}
+    for sv, mv in out_spans:
+        span = CanonicalSpan(**dict(zip(_SPAN_PACKED, sv)), attributes=_NO_ATTRS, events=())
+        mv[_I_OP] = _OPS[mv[_I_OP]]
+        if mv[_I_SEM_EVALS]:
+            mv[_I_SEM_EVALS] = _evals_in(mv[_I_SEM_EVALS])
+        spans[span.span_id] = (span, SpanSemantics(*mv))
+    emitted = {}
+    for tv in out_trials:
+        if tv[_I_TRIAL_EVALS]:
+            tv[_I_TRIAL_EVALS] = _evals_in(tv[_I_TRIAL_EVALS])
+        t = Trial(**dict(zip(_TRIAL_PACKED, tv)), steps=())
+        emitted[_key(t)] = t
+    return spans, emitted
 
 
 def _key(t: Trial) -> _TrialKey:
@@ -796,7 +879,7 @@ class TrajectoryBuilder:
         if trace_id in self._alias:
             return True
         tr = self._traces.get(trace_id)
-        return bool(tr is not None and tr.spans) or trace_id in self._evicted
+        return bool(tr is not None and (tr.spans or tr.packed is not None)) or trace_id in self._evicted
 
     def remember_emitted(self, trace_id: str, trials: Iterable[Trial]) -> None:
         """Declare trials already stored for a trace (by an earlier process), so that
@@ -806,14 +889,20 @@ class TrajectoryBuilder:
         tr = self._traces.get(trace_id)
         if tr is None:
             tr = self._traces[trace_id] = _Trace(dirty=False)
+        packed = tr.packed is not None
+        if packed:
+            self._thaw(tr)
         for t in trials:
-            tr.emitted.setdefault(_key(t), t)
+            tr.emitted.setdefault(_key(t), replace(t, steps=()))  # only tombstones read them
+        if packed:
+            self._repack(trace_id, tr)
 
     def add(self, items: Iterable[tuple[CanonicalSpan, SpanSemantics]], now: float) -> int:
         """Buffer spans (any order, any batching). Returns the number of new spans (not exact
         re-sends). O(1) dict operations per span; nothing is assembled here."""
         new = 0
         touched: dict[str, _Trace] = {}
+        thawed: dict[str, _Trace] = {}  # packed traces unpacked to compare re-sends
         for span, sem in items:
             # keep only what assembly reads: attributes and events (prompts, messages: most of a
             # span's memory) are already in ``sem`` and in the store
@@ -837,6 +926,9 @@ class TrajectoryBuilder:
                     new += 1
                     continue
                 tr = self._traces[tid] = _Trace()
+            if tr.packed is not None and tid not in thawed:
+                self._thaw(tr)
+                thawed[tid] = tr
             old = tr.spans.get(span.span_id)
             if old is not None and old[0] == span and old[1] == sem:
                 continue  # exact re-send: nothing changes
@@ -852,7 +944,14 @@ class TrajectoryBuilder:
             tr.spans[span.span_id] = (span, sem)
             touched[tid] = tr
             new += 1
+        for tid, tr in thawed.items():
+            if tid not in touched:  # only exact re-sends: the packed form still holds
+                tr.spans, tr.emitted = _PACKED, _PACKED
         for tid, tr in touched.items():
+            if tr.packed is not None:  # re-opened: decoded until finalized again
+                if tid not in thawed:
+                    self._thaw(tr)
+                tr.packed = None
             tr.last_seen = now
             if not tr.dirty:
                 tr.dirty = True
@@ -876,7 +975,7 @@ class TrajectoryBuilder:
             self._evals_seen[target] = now
             self._evals_seen.move_to_end(target)
             tr = touched.get(target) or self._traces.get(target)
-            if tr is not None and tr.spans:
+            if tr is not None and (tr.spans or tr.packed is not None):
                 touched[target] = tr
 
     def _continue(self, span: CanonicalSpan, touched: dict) -> None:
@@ -894,6 +993,8 @@ class TrajectoryBuilder:
         self._alias[own] = (target, link[1], span.span_id)
         self._aliased_by.setdefault(target, set()).add(own)
         old = self._traces.pop(own, None)
+        if old is not None and old.packed is not None:
+            self._thaw(old)
         touched.pop(own, None)
         self._open.discard(own)
         if self._finalized.pop(own, None) is not None and old is not None:
@@ -908,6 +1009,9 @@ class TrajectoryBuilder:
             return
         if tr is None:
             tr = self._traces[target] = _Trace()
+        if tr.packed is not None:
+            self._thaw(tr)
+            tr.packed = None  # touched below: re-finalized
         for sid, (sp, sm) in old.spans.items():  # spans of the continuation that came first
             if sid in tr.spans:
                 continue
@@ -987,8 +1091,9 @@ class TrajectoryBuilder:
             self.retained_bytes -= tr.last_bytes
         self._finalized[tid] = now
         self._finalized.move_to_end(tid)
-        tr.last_bytes = tr.bytes
-        self.retained_bytes += tr.bytes
+        if tr.packed is not None:  # defensive: every path that touches a trace unpacks it
+            self._thaw(tr)
+            tr.packed = None
         # completeness is structural: a trial is incomplete when its root is missing (virtual root)
         trials = assemble(tid, tr.spans, complete=True, revision=tr.revision,
                           linked_evaluations=self._linked(tid))
@@ -997,5 +1102,36 @@ class TrajectoryBuilder:
             replace(old, status=SUPERSEDED, steps=(), flags=frozenset({SUPERSEDED}), revision=tr.revision)
             for k, old in tr.emitted.items() if k not in emitted
         ]
-        tr.emitted = emitted
+        # kept for late spans: trial headers only (tombstones never read steps), all packed
+        tr.emitted = {k: replace(t, steps=()) for k, t in emitted.items()}
+        self._pack_trace(tr)
+        self.retained_bytes += tr.last_bytes
         return trials + tombstones
+
+    def _pack_trace(self, tr: _Trace) -> None:
+        """Replace a finalized trace's decoded spans and trials by their compact form; set
+        ``last_bytes`` to its memory (exact for the bytes; a measured constant for the rest).
+        A trace pickle cannot serialize stays decoded, counted by estimate (``bytes``)."""
+        try:
+            blob = _pack(tr.spans, tr.emitted)
+        except (TypeError, AttributeError, pickle.PicklingError, RecursionError):
+            tr.last_bytes = tr.bytes + _PACKED_TRACE_OVERHEAD
+            return
+        tr.packed = blob
+        tr.spans, tr.emitted = _PACKED, _PACKED
+        tr.last_bytes = sys.getsizeof(blob) + _PACKED_TRACE_OVERHEAD
+
+    def _thaw(self, tr: _Trace) -> None:
+        """Decode a packed trace's spans and trials (``packed`` is kept: the caller clears it
+        when the trace changes)."""
+        tr.spans, tr.emitted = _unpack(tr.packed)
+
+    def _repack(self, tid: str, tr: _Trace) -> None:
+        """Pack a finalized trace again after changing its trials, keeping the accounting."""
+        tr.packed = None
+        held = tid in self._finalized
+        if held:
+            self.retained_bytes -= tr.last_bytes
+        self._pack_trace(tr)
+        if held:
+            self.retained_bytes += tr.last_bytes
