@@ -68,6 +68,16 @@ class Settings(BaseSettings):
     score_windows: str = Field(
         "5m,1h,24h,7d,all", description="sliding windows the live scores are computed over (comma list of "
         "<n>s|m|h|d or 'all'; exported as the gauges' window label); offline imports are always all-time")
+    score_ci_every_cycle: str = Field(
+        "", description="windows of RELYSCOPE_SCORE_WINDOWS whose bootstrap CIs are recomputed every "
+        "scoring cycle (comma list; '' = none); the others' CIs, and drift, every score_ci_interval_s")
+    score_ci_interval_s: float = Field(
+        300.0, ge=0, description="CI refresh cadence of the other windows (by default all of them) and of drift, "
+        "per (group, window), spread over the cycles; their point estimates are recomputed every cycle and "
+        "published with the CI of the last refresh (0: every cycle)")
+    live_check_interval_s: float = Field(
+        3600.0, gt=0, description="each in-memory window's per-task statistics are compared with the ClickHouse "
+        "rollups (and reloaded on a difference) at least this often, spread over the cycles")
     drift_current: str = Field("1h", description="drift (metrics.md §10): the current window …")
     drift_reference: str = Field("24h", description="… against the reference window just before it")
     drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged when the "
@@ -192,6 +202,15 @@ class Settings(BaseSettings):
 
         if len(parse_windows(v)) != 1 or parse_windows(v)[0][1] is None:
             raise ValueError(f"bad drift window {v!r}: one window like 1h or 24h (not 'all')")
+        return v
+
+    @field_validator("score_ci_every_cycle")
+    @classmethod
+    def _ci_windows(cls, v: str) -> str:
+        from relyscope.scoring.windows import parse_windows
+
+        if v.strip():
+            parse_windows(v)
         return v
 
     @field_validator("score_windows")
