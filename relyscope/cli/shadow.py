@@ -44,6 +44,11 @@ def _call(method: str, api: str, path: str, token: Optional[str], **kw):
     return r
 
 
+def _n(n: int, noun: str) -> str:
+    """``1 replay``, ``2 replays``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _detail(r) -> str:
     try:
         d = r.json().get("detail")
@@ -132,6 +137,8 @@ def show(replay_id: str, api: str = _API, token: Optional[str] = _TOKEN) -> None
 @shadow_app.command("start")
 def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="production trial id (repeatable)"),
           last: Optional[int] = typer.Option(None, "--last", min=1, help="replay the N most recent replayable runs"),
+          again: bool = typer.Option(False, "--again", help="run a new experiment on trials already replayed "
+                                     "(new replay ids; they supersede the earlier replays of these trials)"),
           wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the plan with a progress bar"),
           timeout_s: float = typer.Option(900, "--timeout", min=1),
           api: str = _API, token: Optional[str] = _TOKEN) -> None:
@@ -140,7 +147,9 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     if bool(trial) == bool(last):
         m.err.print("[red]give --trial ID (repeatable) or --last N[/red]")
         raise typer.Exit(2)
-    body = {"trial_ids": trial} if trial else {"last": last}
+    body: dict = {"trial_ids": trial} if trial else {"last": last}
+    if again:
+        body["again"] = True
     r = _call("POST", api, "/api/v1/shadow/replays", token, json=body)
     if r.status_code != 200:
         m.err.print(f"[red]{_detail(r)}[/red]")
@@ -151,7 +160,18 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     for n in plan["notes"]:
         m.err.print(f"note: {n}")
     ids = plan["replay_ids"]
-    m.err.print(f"planned {len(ids)} replays of {len(plan['trials'])} trials")
+    m.err.print(f"planned {_n(len(ids), 'replay')} of {_n(len(plan['trials']), 'trial')}")
+    existing = plan.get("existing") or 0
+    if existing:
+        m.err.print(f"[yellow]{_n(existing, 'replay')} of these trials already "
+                    f"{'exists' if existing == 1 else 'exist'}; use --again to run a new experiment[/yellow]",
+                    soft_wrap=True)
+    if again and ids and plan.get("scheduled_at") is not None:
+        import datetime as _dt
+
+        at = _dt.datetime.fromtimestamp(int(plan["scheduled_at"] * 1000) / 1000, _dt.timezone.utc)
+        m.err.print(f"new experiment: judge only it with `relyscope gate … --since "
+                    f"{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}`", soft_wrap=True)
     if not wait or not ids:
         return
     deadline = time.monotonic() + timeout_s
