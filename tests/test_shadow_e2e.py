@@ -445,3 +445,32 @@ def test_a_replayed_trial_can_be_replayed_again_as_a_new_experiment(nominal_env)
     # a later plain start still plans nothing: the first ids exist
     assert sc.post("/api/v1/shadow/replays", json={"trial_ids": [tid]}).json()["existing"] == 3
 
+
+def test_a_pause_that_cannot_be_saved_says_why_and_the_cli_fails(tmp_path):
+    """Bugs: (1) the state file's `{"paused": "false"}` started the sidecar paused (bool("false"));
+    (2) a pause that could not be saved answered 200 `persisted: false` with no reason and
+    `relyscope shadow pause` exited 0 (the pause silently ends at the next restart); any non-200
+    answer also exited 0."""
+    (tmp_path / "spool.shadow.json").write_text('{"paused": "false"}')
+    (tmp_path / "spool.shadow.json.tmp").mkdir()  # the atomic write's temp file cannot be created
+    with world(tmp_path, ("1.0",)) as w:
+        sc = w.sc
+        assert sc.get("/api/v1/shadow").json()["paused"] is False  # only JSON true pauses
+        r = sc.post("/api/v1/shadow/pause")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["paused"] is True and body["persisted"] is False
+        assert "spool.shadow.json" in body["reason"], body
+
+        def cli(cmd: str, api: str = sc.api) -> subprocess.CompletedProcess:
+            return subprocess.run([str(RELYSCOPE_BIN), "shadow", cmd, "--api", api], capture_output=True,
+                                  text=True, timeout=60)
+
+        for cmd in ("pause", "resume"):
+            p = cli(cmd)
+            out = p.stdout + p.stderr
+            assert p.returncode == 1, out
+            assert "will not survive a restart" in out and "spool.shadow.json" in out, out
+        assert sc.get("/api/v1/shadow").json()["paused"] is False  # the resume took effect in memory
+        wrong = cli("pause", sc.api + "/not-the-api")  # 404
+        assert wrong.returncode == 2, wrong.stdout + wrong.stderr

@@ -190,18 +190,33 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     m.console.print("replays finished: " + ", ".join(f"{k} {v}" for k, v in sorted(st.items())))
 
 
+def _pause_or_resume(what: str, api: str, token: Optional[str]) -> None:
+    """Exit 0 done and saved, 1 done in memory only (a restart forgets it), 2 not done."""
+    m = _cli()
+    r = _call("POST", api, f"/api/v1/shadow/{what}", token)
+    if r.status_code != 200:
+        m.err.print(f"[red]{what} failed ({r.status_code}):[/red] {_detail(r)}")
+        raise typer.Exit(2)
+    body = r.json()
+    m.console.print(f"shadow sampling and dispatch {what}d")
+    if not body.get("persisted", False):
+        m.err.print(f"[yellow]warning: not saved, so the {what} will not survive a restart: "
+                    f"{body.get('reason') or 'no reason given'}[/yellow]", soft_wrap=True)
+        raise typer.Exit(1)
+
+
 @shadow_app.command("pause")
 def pause(api: str = _API, token: Optional[str] = _TOKEN) -> None:
-    """Pause automatic sampling and dispatch (replays in flight finish)."""
-    r = _call("POST", api, "/api/v1/shadow/pause", token)
-    _cli().console.print("shadow sampling and dispatch paused" if r.status_code == 200 else _detail(r))
+    """Pause automatic sampling and dispatch (replays in flight finish). Exit 0 paused and saved,
+    1 paused in memory only (a restart resumes), 2 error."""
+    _pause_or_resume("pause", api, token)
 
 
 @shadow_app.command("resume")
 def resume(api: str = _API, token: Optional[str] = _TOKEN) -> None:
-    """Resume sampling and dispatch."""
-    r = _call("POST", api, "/api/v1/shadow/resume", token)
-    _cli().console.print("shadow sampling and dispatch resumed" if r.status_code == 200 else _detail(r))
+    """Resume sampling and dispatch. Exit 0 resumed and saved, 1 resumed in memory only (a
+    pause kept from before may return at a restart), 2 error."""
+    _pause_or_resume("resume", api, token)
 
 
 @shadow_app.command("samples")

@@ -196,13 +196,21 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         rows = _stage(pipeline).ledger.decisions(decision=decision, limit=limit)
         return {"samples": rows, "count": len(rows)}
 
+    def _paused(st, paused: bool, persisted: bool) -> dict:
+        out = {"paused": paused, "persisted": persisted}
+        if not persisted:  # in memory only: a restart forgets it — say why, now (not in a later last_error)
+            out["reason"] = st.save_error or "the shadow state was not saved"
+        return out
+
     @r.post("/api/v1/shadow/pause", dependencies=guarded)
     def pause() -> dict:
-        return {"paused": True, "persisted": _stage(pipeline).pause()}
+        st = _stage(pipeline)
+        return _paused(st, True, st.pause())
 
     @r.post("/api/v1/shadow/resume", dependencies=guarded)
     def resume() -> dict:
-        return {"paused": False, "persisted": _stage(pipeline).resume()}
+        st = _stage(pipeline)
+        return _paused(st, False, st.resume())
 
     def _gate(baseline: str, candidate: str, agent: str | None, mode: str, policy_data: dict | None,
               since: str | float | None = None) -> dict:

@@ -67,7 +67,9 @@ class ShadowStage:
                                       retry_after_s=s.shadow_fault_retry_after_s)  # tools: globs, per session
         self.state_path = state_path
         self.last_error: str | None = None
-        self.paused = s.shadow_paused or bool(self._load_state().get("paused"))
+        self.save_error: str | None = None
+        # only JSON true pauses: a hand-edited "false" (a string) must not (bool("false") is True)
+        self.paused = s.shadow_paused or self._load_state().get("paused") is True
         self.sessions: dict[str, SandboxSession] = {}
         self.running: set[str] = set()
         self.counts: dict[str, collections.Counter] = {
@@ -102,7 +104,7 @@ class ShadowStage:
     def pause(self) -> bool:
         """Stop sampling and dispatching (replays in flight finish); the pause outlives a restart
         (``state_path``). Returns whether it was written durably (False: in memory only, the
-        reason in ``last_error``)."""
+        reason in ``save_error``, also ``last_error`` until the next tick)."""
         self.paused = True
         return self._save_state()
 
@@ -127,7 +129,9 @@ class ShadowStage:
             return {}
 
     def _save_state(self) -> bool:
+        self.save_error = None
         if not self.state_path:
+            self.save_error = "no state file is configured: the pause is kept in memory only"
             return False
         tmp = f"{self.state_path}.tmp"
         try:
@@ -138,7 +142,7 @@ class ShadowStage:
             os.replace(tmp, self.state_path)
             return True
         except OSError as e:
-            self.last_error = f"shadow state not saved to {self.state_path}: {e}"
+            self.save_error = self.last_error = f"shadow state not saved to {self.state_path}: {e}"
             log.warning(self.last_error)
             return False
 
