@@ -292,9 +292,12 @@ def render_gate(res: dict, console) -> None:
                       f"({sb['miss_rate']:.1%}, max {sb['max']:.0%})")
     hv = exp.get("harness")
     if hv:
-        checks.append(f"harness agreement {hv['agreeing']} of {hv['replays']} vs ≈{hv['expected']:.1f} expected "
-                      f"(relative {hv['relative_agreement']:.1%}, upper bound {hv['upper_bound']:.1%}, "
-                      f"min {hv['min']:.0%})")
+        # what the gate compares is the upper bound, not the agreement itself: say which, and the
+        # outcome (the gate's own reason decides it, not a re-comparison of rounded figures)
+        failed = any(x.get("name") == "harness_agreement" for x in res.get("reasons", []))
+        checks.append(f"harness {'[red]FAILED[/red]' if failed else 'ok'}: agreement {hv['agreeing']}/{hv['replays']} "
+                      f"vs ≈{hv['expected']:.1f} expected ({hv['relative_agreement']:.1%}); its 95% upper bound "
+                      f"{hv['upper_bound']:.1%} {'<' if failed else '≥'} min {hv['min']:.0%}")
     elif exp:
         checks.append("harness check not measured (no nominal replays of the incumbent)")
     console.print("experiment: " + "; ".join(checks))
