@@ -280,7 +280,7 @@ def render_gate(res: dict, console) -> None:
     colour = {"pass": "green", "block": "red", "inconclusive": "yellow", "error": "magenta"}[res["verdict"]]
     console.print(f"gate {res.get('agent') or ''} {res.get('baseline')} → {res.get('candidate')} ({res.get('mode')}): "
                   f"[bold {colour}]{res['verdict'].upper()}[/bold {colour}]"
-                  + (f" · needs ≈{res['needs_more_tasks']} more tasks" if res.get("needs_more_tasks") else ""))
+                  + (f" · needs ≈{_n(res['needs_more_tasks'], 'more task')}" if res.get("needs_more_tasks") else ""))
     exp = res.get("experiment") or {}
     if exp.get("pending_replays"):
         console.print(f"[yellow]warning: {exp['pending_replays']} replays of these versions are still scheduled or "
