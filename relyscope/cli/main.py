@@ -214,11 +214,11 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
     if length is not None:  # the sidecar's alignment; offline imports keep their all-time view
         since = window_start(time.time(), length) * 10**9
         trials = [t for t in trials if t.run_kind == "offline" or t.end_ns >= since]
-    rep = _score_trials(trials, n_boot, policy_file)
+    rep = _score_trials(trials, n_boot, policy_file, window=window)
     return {**rep, "window": window} if window else rep
 
 
-def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None) -> dict:
+def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None, window: Optional[str] = None) -> dict:
     from relyscope.exporter.report import build_report
     from relyscope.scorers.policy import PolicyError, load_policy
     from relyscope.scorers.review import score_all
@@ -231,7 +231,7 @@ def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None) -> dic
             err.print(f"[red]{e}[/red]")
             raise typer.Exit(2) from None
     scores, extras = score_all(trials, policy, n_boot=n_boot)
-    return build_report(scores, extras)
+    return build_report(scores, extras, window=window)
 
 
 @app.command()
@@ -436,7 +436,8 @@ def demo(
             err.print(f"replay target up (pid {target.pid}): versions {', '.join(DEMO_VERSIONS)} at "
                       f"http://127.0.0.1:{target_port}/v/<version>/replay")
             gates = _demo_shadow(sc, seed)
-        rep = build_report(sc.pipeline.scores, sc.pipeline.report_extras(sc.pipeline.scores))
+        rep = build_report(sc.pipeline.scores, sc.pipeline.report_extras(sc.pipeline.scores),
+                           window=sc.pipeline.scoring.primary_window)
         if gates:
             rep["gates"] = gates
         _print_report(rep, format)

@@ -39,7 +39,9 @@ def render_report(rep: dict, console: Console) -> None:
         oc = g.get("outcomes")
         outcomes = (f" (outcome: {oc['success']} success, {oc['failure']} failure, {oc['unknown']} unknown)"
                     if oc else "")
-        title = escape(f"{g['agent']} {g['version']} [{g['run_kind']}] — {g['tasks']} tasks, {g['trials']} trials"
+        win = g.get("window") or rep.get("window") or "all"
+        title = escape(f"{g['agent']} {g['version']} [{g['run_kind']}, window {win}] — {g['tasks']} tasks, "
+                       f"{g['trials']} trials"
                  f"{outcomes}, {g.get('invalid_trials', 0)} invalid, {g.get('incomplete_trials', 0)} incomplete"
                  f"  (formula set {rep.get('formula_set')})")
         no_outcomes = bool(oc) and not oc["success"] and not oc["failure"]
@@ -105,11 +107,12 @@ def _short_list(v: list) -> str:
     return shown + (f" (+{len(v) - 2})" if len(v) > 2 else "")
 
 
-def _render_calibration(console: Console, rows: list[dict]) -> None:
+def _render_calibration(console: Console, rows: list[dict], sfx: str = "") -> None:
     """Reliability diagram as a table: per confidence bin, observed success (bar) vs confidence."""
     if not rows:
         return
-    t = Table(title="calibration (reliability diagram: █ observed success, │ mean confidence)", title_justify="left")
+    t = Table(title=escape(f"calibration (reliability diagram: █ observed success, │ mean confidence){sfx}"),
+              title_justify="left")
     for c in ("confidence bin", "trials", "mean conf.", "success"):
         t.add_column(c, justify="right")
     width = 20
@@ -124,21 +127,23 @@ def _render_calibration(console: Console, rows: list[dict]) -> None:
 
 def _render_sections(console: Console, g: dict) -> None:
     """Calibration, safety violations, failure attribution, control rates and the worst tasks."""
-    _render_calibration(console, g.get("calibration") or [])
-    _table(console, "policy violations (by rule and severity)", g.get("violations") or [])
+    scope = g.get("sections_scope")
+    sfx = f" — {scope}" if scope else ""
+    _render_calibration(console, g.get("calibration") or [], sfx)
+    _table(console, f"policy violations (by rule and severity){sfx}", g.get("violations") or [])
     if g.get("hard_gate_failures"):
-        console.print(f"[bold red]hard-gate failures: {g['hard_gate_failures']} trials[/bold red]")
+        console.print(f"[bold red]hard-gate failures: {g['hard_gate_failures']} trials{escape(sfx)}[/bold red]")
     att = g.get("attribution")
     if att:
         rows = [{"measure": k, "value": v} for k, v in att.items() if k != "by_category"]
         rows += [{"measure": f"failures attributed to {k}", "value": v} for k, v in att.get("by_category", {}).items()]
-        _table(console, "failure attribution", rows)
+        _table(console, f"failure attribution{sfx}", rows)
     ctl = g.get("control")
     if ctl:
-        _table(console, "control decisions", [{"measure": k, "value": v} for k, v in ctl.items()])
+        _table(console, f"control decisions{sfx}", [{"measure": k, "value": v} for k, v in ctl.items()])
     worst = [{"task": w.get("label") or w["task_id"], **{k: v for k, v in w.items() if k not in ("task_id", "label")}}
              for w in g.get("worst_tasks") or []]
-    _table(console, "worst tasks (lowest success rate, lowest C_out, most violations)", worst)
+    _table(console, f"worst tasks (lowest success rate, lowest C_out, most violations){sfx}", worst)
 
 
 def render_history(data: dict, console: Console, width: int = 30) -> None:

@@ -217,7 +217,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         scores = {g: s for g, s in source.items()
                   if (agent is None or g[0] == agent) and (version is None or g[1] == version)
                   and (run_kind is None or g[2] == run_kind)}
-        rep = build_report(scores, pipeline.report_extras(scores))
+        rep = build_report(scores, pipeline.report_extras(scores, name), window=name)
         from relyscope.exporter.shadow_api import gates_json
 
         if pipeline.gate_results:  # the latest verdict of each comparison gated so far

@@ -1,0 +1,93 @@
+"""The report of one window says that window's numbers: header counts, notes and sections.
+
+One sidecar; five trials, three ended long ago (October 2025) and two seconds ago, so the 5m
+window holds exactly the two recent ones. Values worked out by hand from the list below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from relyscope.testing import RELYSCOPE_BIN, start_sidecar
+
+OLD = 1_760_000_000_000_000_000  # 2025-10-09: outside every window but "all"
+# (task, outcome or None, old?)
+RUNS = [("t-old-fail", "failure", True), ("t-old-ok", "success", True), ("t-old-ok", None, True),
+        ("t-new", "failure", False), ("t-new", "success", False)]
+
+
+def _root(i: int, task: str, outcome: str | None, old: bool, now_ns: int) -> dict:
+    attrs = [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+             {"key": "gen_ai.agent.name", "value": {"stringValue": "win-agent"}},
+             {"key": "relyscope.task.id", "value": {"stringValue": task}}]
+    if outcome:
+        attrs.append({"key": "relyscope.outcome", "value": {"stringValue": outcome}})
+    t0 = OLD + i * 10**10 if old else now_ns - 3 * 10**9 + i * 10**6
+    return {"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": "invoke_agent win-agent", "kind": 1,
+            "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t0 + 10**8), "attributes": attrs}
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    d = tmp_path_factory.mktemp("win")
+    s = start_sidecar(d, extra_env={"RELYSCOPE_GRACE_PERIOD_S": "0.3", "RELYSCOPE_SCORE_INTERVAL_S": "1"})
+    try:
+        now = time.time_ns()
+        spans = [_root(i, *r, now) for i, r in enumerate(RUNS)]
+        body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+        assert httpx.post(s.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+        assert s.post("/api/v1/flush").status_code == 200
+        yield s
+    finally:
+        s.kill()
+
+
+def _group(sc, window: str) -> dict:
+    r = sc.get("/api/v1/report", params={"window": window})
+    assert r.status_code == 200, r.text
+    (g,) = r.json()["groups"]
+    return g
+
+
+def _cli(sc, *args) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELYSCOPE_")}
+    env["COLUMNS"] = "250"
+    r = subprocess.run([str(RELYSCOPE_BIN), "report", "--api", sc.api, *args], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_5m_window_counts_notes_and_sections_are_of_the_window(sc):
+    g = _group(sc, "5m")
+    assert g["window"] == "5m" and g["sections_scope"] == "window 5m"
+    assert g["trials"] == 2 and g["tasks"] == 1
+    assert g["outcomes"] == {"success": 1, "failure": 1, "unknown": 0}
+    assert not any("unknown outcome" in n for n in g["notes"])  # the one unknown is old
+    assert [w["task_id"] for w in g["worst_tasks"]] == ["t-new"]
+    assert g["worst_tasks"][0]["trials"] == 2 and g["worst_tasks"][0]["success_rate"] == 0.5
+    assert g["attribution"]["raw_failure_rate"] == 0.5
+
+
+def test_all_window_keeps_all_time_and_says_so(sc):
+    g = _group(sc, "all")
+    assert g["window"] == "all" and g["sections_scope"] == "all time"
+    assert g["trials"] == 5
+    assert g["outcomes"] == {"success": 2, "failure": 2, "unknown": 1}
+    assert any("1 of 5 trials have an unknown outcome" in n for n in g["notes"])
+    assert [w["task_id"] for w in g["worst_tasks"]] == ["t-old-fail", "t-new"]
+
+
+def test_table_names_the_window_in_each_title(sc):
+    out = " ".join(_cli(sc, "--window", "5m").split())
+    assert "win-agent unknown [production, window 5m] — 1 tasks, 2 trials (outcome: 1 success, 1 failure, 0 unknown)" in out
+    assert "worst tasks (lowest success rate, lowest C_out, most violations) — window 5m" in out
+    out = " ".join(_cli(sc).split())  # the sidecar's primary window: all
+    assert "[production, window all] — 3 tasks, 5 trials (outcome: 2 success, 2 failure, 1 unknown)" in out
+
