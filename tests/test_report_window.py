@@ -91,3 +91,16 @@ def test_table_names_the_window_in_each_title(sc):
     out = " ".join(_cli(sc).split())  # the sidecar's primary window: all
     assert "[production, window all] — 3 tasks, 5 trials (outcome: 2 success, 2 failure, 1 unknown)" in out
 
+
+def test_empty_report_over_the_wire_quotes_the_sidecars_settings(sc):
+    rep = sc.get("/api/v1/report", params={"agent": "nobody"}).json()
+    assert rep["groups"] == [] and rep["finalize"] == {"grace_period_s": 0.3, "score_interval_s": 1.0}
+    from rich.console import Console
+
+    from relyscope.cli.render import render_report
+
+    c = Console(record=True, width=250)
+    render_report(rep, c)
+    text = " ".join(c.export_text().split())
+    assert "RELYSCOPE_GRACE_PERIOD_S=0.3 s" in text and "RELYSCOPE_SCORE_INTERVAL_S=1 s" in text
+

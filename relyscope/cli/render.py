@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["render_report"]
+__all__ = ["render_report", "empty_hint"]
 
 _DIMENSIONS = [
     ("Success", ["success_rate", "pass@*", "pass^*"]),
@@ -16,6 +16,20 @@ _DIMENSIONS = [
     ("Overall", ["R"]),
     ("Safety (never averaged in)", ["S_comp", "S_harm", "R_Saf"]),
 ]
+
+
+def empty_hint(finalize: dict | None) -> str:
+    """Why a report is empty right after spans were sent: a trial is finalized a grace period
+    after its root span ends and scored at the next scoring cycle. ``finalize``: the sidecar's
+    ``{"grace_period_s", "score_interval_s"}`` when known (the report API sends them)."""
+    if finalize:
+        g, i = finalize.get("grace_period_s"), finalize.get("score_interval_s")
+        when = (f"trials finalize RELYSCOPE_GRACE_PERIOD_S={g:g} s after their root span ends and are "
+                f"scored every RELYSCOPE_SCORE_INTERVAL_S={i:g} s")
+    else:
+        when = ("trials finalize RELYSCOPE_GRACE_PERIOD_S after their root span ends and are scored "
+                "every RELYSCOPE_SCORE_INTERVAL_S")
+    return f"hint: {when}; POST /api/v1/flush finalizes and scores every open trace now"
 
 
 def _fmt(v) -> str:
@@ -34,6 +48,7 @@ def render_report(rep: dict, console: Console) -> None:
     """One table per (agent, version, run kind): metric, value, 95 % CI, tasks; "—" = undefined."""
     if not rep.get("groups"):
         console.print("[yellow]no finalized trials yet[/yellow]")
+        console.print(escape(empty_hint(rep.get("finalize"))))
         return
     for g in rep["groups"]:
         oc = g.get("outcomes")

@@ -222,7 +222,9 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
 
         if pipeline.gate_results:  # the latest verdict of each comparison gated so far
             rep["gates"] = gates_json(pipeline.gate_results, agent)
-        return {**rep, "window": name}
+        st = pipeline.settings  # how trials finalize: the empty report's hint quotes these
+        return {**rep, "window": name, "finalize": {"grace_period_s": st.grace_period_s,
+                                                    "score_interval_s": st.score_interval_s}}
 
     @app.get("/api/v1/trials", dependencies=[Depends(auth)])
     async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,
