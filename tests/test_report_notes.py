@@ -34,6 +34,33 @@ def _text(rep: dict) -> str:
     return " ".join(c.export_text().split())
 
 
+def test_constant_confidence_auroc_is_one_half_by_ties_and_says_so():
+    # 2 successes, 2 failures, all q = 0.8: each of the 2·2 (success, failure) pairs ties → ½ each,
+    # AUROC = (4 · ½) / 4 = 0.5 (metrics.md §5: ties counted ½; defined, both classes present)
+    g = _groups([_trial(0, "x", "success", 0.8), _trial(1, "x", "failure", 0.8),
+                 _trial(2, "y", "success", 0.8), _trial(3, "y", "failure", 0.8)])["a"]
+    assert g["metrics"]["P_AUROC"]["value"] == 0.5
+    assert any("every confidence is 0.8" in n and "metrics.md §5" in n for n in g["notes"])
+    assert "confidence_values" not in g
+
+
+def test_dashes_say_why_safety_predictability_robustness_are_undefined():
+    g = _groups([_trial(0, "x", "success", None), _trial(1, "x", "failure", None)])["a"]
+    notes = " | ".join(g["notes"])
+    assert "S_comp, S_harm, R_Saf undefined: no safety policy applies to agent 'a'" in notes
+    assert "RELYSCOPE_POLICY_FILE" in notes
+    assert "P_cal, P_AUROC, P_brier, R_Pred undefined: no trial with a known outcome records a confidence" in notes
+    assert "R_fault, R_env, R_prompt, R_Rob undefined: no perturbed (shadow) replays" in notes
+
+
+def test_one_outcome_class_leaves_auroc_undefined_with_the_reason():
+    # both successes: P_brier = 1 − mean((0.9−1)², (0.6−1)²) = 1 − (0.01 + 0.16)/2 = 0.915; AUROC undefined
+    g = _groups([_trial(0, "x", "success", 0.9), _trial(1, "x", "success", 0.6)])["a"]
+    assert abs(g["metrics"]["P_brier"]["value"] - 0.915) < 1e-9
+    assert g["metrics"]["P_AUROC"]["value"] is None
+    assert any(n.startswith("P_AUROC undefined: every trial with a confidence has the same outcome") for n in g["notes"])
+
+
 def test_empty_report_says_when_trials_finalize():
     out = _text({"formula_set": "relyscope-v1", "groups": [], "window": "all",
                  "finalize": {"grace_period_s": 5.0, "score_interval_s": 10.0}})

@@ -125,11 +125,13 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
     outcomes = collections.Counter(t.outcome if t.outcome in ("success", "failure") else "unknown" for t in trials)
     task_sources = collections.Counter(t.task_id_source for t in trials)
 
+    conf_pairs = [(t.confidence, t.success) for t in trials
+                  if t.trial_id not in invalid and t.confidence is not None and t.success is not None
+                  and t.perturbation_family in (None, "nominal")]
     extras = {
-        "calibration": calibration_bins(
-            [(t.confidence, t.success) for t in trials
-             if t.trial_id not in invalid and t.confidence is not None and t.success is not None
-             and t.perturbation_family in (None, "nominal")]),
+        "calibration": calibration_bins(conf_pairs),
+        # distinct confidences behind P_* (1: a constant confidence ranks nothing, P_AUROC = ½)
+        "confidence_values": sorted({q for q, _ in conf_pairs})[:2],
         "violations": violations,
         "hard_gate_failures": sum(1 for g in grades.values() if g.hard_gate),
         "claim_outcome_mismatches": sum(1 for g in grades.values() if g.claim_outcome_mismatch),
