@@ -61,6 +61,19 @@ def test_one_outcome_class_leaves_auroc_undefined_with_the_reason():
     assert any(n.startswith("P_AUROC undefined: every trial with a confidence has the same outcome") for n in g["notes"])
 
 
+def test_worst_task_lists_its_failing_traces_in_full_and_counts_the_others():
+    # task z: 12 trials, trials 0, 4, 8 fail → 3 failing; the table shows the first failing trace id
+    # (trial 0: 0…01, 32 hex) and "+2 other failing"
+    trials = [_trial(i, "z", "failure" if i % 4 == 0 else "success", None) for i in range(12)]
+    g = _groups(trials)["a"]
+    (w,) = g["worst_tasks"]
+    assert w["trials"] == 12 and w["failing_trials"] == 3
+    assert w["trace_ids"] == [f"{1:032x}", f"{5:032x}", f"{9:032x}"]
+    out = _text(build_report(*score_all(trials, None, n_boot=0)))
+    assert f"{1:032x} (+2 other failing)" in out
+    assert "(+10)" not in out and "(+3)" not in out
+
+
 def test_empty_report_says_when_trials_finalize():
     out = _text({"formula_set": "relyscope-v1", "groups": [], "window": "all",
                  "finalize": {"grace_period_s": 5.0, "score_interval_s": 10.0}})

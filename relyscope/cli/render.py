@@ -117,6 +117,16 @@ def _table(console: Console, title: str, rows: list[dict]) -> None:
     console.print(t)
 
 
+def _first_trace(w: dict) -> str | None:
+    """The first failing trace id of a worst task, in full (``GET /api/v1/trials?trace_id=`` and
+    ``POST /api/v1/outcomes`` take 32 hex digits), and how many other failing trials it has."""
+    ids = w.get("trace_ids") or []
+    if not ids:
+        return None
+    others = max(int(w.get("failing_trials", len(ids))) - 1, 0)
+    return ids[0] + (f" (+{others} other failing)" if others else "")
+
+
 def _short_list(v: list) -> str:
     shown = ", ".join(str(x)[:16] for x in v[:2])
     return shown + (f" (+{len(v) - 2})" if len(v) > 2 else "")
@@ -156,7 +166,9 @@ def _render_sections(console: Console, g: dict) -> None:
     ctl = g.get("control")
     if ctl:
         _table(console, f"control decisions{sfx}", [{"measure": k, "value": v} for k, v in ctl.items()])
-    worst = [{"task": w.get("label") or w["task_id"], **{k: v for k, v in w.items() if k not in ("task_id", "label")}}
+    worst = [{"task": w.get("label") or w["task_id"],
+              **{k: v for k, v in w.items() if k not in ("task_id", "label", "trace_ids")},
+              "failing trace (full id)": _first_trace(w)}
              for w in g.get("worst_tasks") or []]
     _table(console, f"worst tasks (lowest success rate, lowest C_out, most violations){sfx}", worst)
 

@@ -116,7 +116,12 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
                       "successes": sum(ys) if ys else 0,
                       "success_rate": _nan_none(sum(ys) / len(ys)) if ys else None,
                       "C_out": _nan_none(c_out) if c_out is not None else None, "violations": nviol,
-                      "trace_ids": sorted({t.trace_id for t in ts})[:5]})
+                      # drill-down: the full (32-hex) trace ids of the task's failing trials
+                      # (failure, incomplete, or a violation), the first 5, and how many there are
+                      "failing_trials": len(bad := [t for t in ts if t.outcome == "failure"
+                                                    or t.status == "incomplete"
+                                                    or grades[t.trial_id].violations]),
+                      "trace_ids": sorted({t.trace_id for t in bad})[:5]})
     worst.sort(key=lambda w: (w["success_rate"] if w["success_rate"] is not None else 2.0,
                               w["C_out"] if w["C_out"] is not None else 2.0, -w["violations"], w["task_id"]))
     worst = [w for w in worst if (w["success_rate"] is not None and w["success_rate"] < 1)
