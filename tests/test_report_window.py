@@ -104,3 +104,25 @@ def test_empty_report_over_the_wire_quotes_the_sidecars_settings(sc):
     text = " ".join(c.export_text().split())
     assert "RELYSCOPE_GRACE_PERIOD_S=0.3 s" in text and "RELYSCOPE_SCORE_INTERVAL_S=1 s" in text
 
+
+def _cli_raw(api, *args, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELYSCOPE_")}
+    env.update(env_extra or {})
+    return subprocess.run([str(RELYSCOPE_BIN), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_history_of_an_unknown_metric_is_one_short_line(sc):
+    r = _cli_raw(sc.api, "history", "bogus", "--api", sc.api)
+    assert r.returncode == 2, r.stderr
+    err = " ".join(r.stderr.split())
+    assert "unknown metric 'bogus'; valid metric keys include success_rate, pass^1, C_out, P_brier, R" in err
+    assert "valid_metrics" not in err and len(err) < 300
+
+
+def test_a_bad_setting_names_the_environment_variable(tmp_path):
+    r = _cli_raw("", "serve", env_extra={"RELYSCOPE_SHADOW_RATE": "2",
+                                         "RELYSCOPE_STORE": f"chdb://{tmp_path}/data"})
+    assert r.returncode == 2
+    err = " ".join(r.stderr.split())
+    assert "RELYSCOPE_SHADOW_RATE='2': Input should be less than or equal to 1" in err, err
+    assert "shadow_rate:" not in err

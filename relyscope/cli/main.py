@@ -84,13 +84,29 @@ def _settings(**overrides):
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        lines = [f"  {'.'.join(map(str, x['loc'])) or 'settings'}: {x['msg']}" for x in e.errors()]
+        lines = [f"  {_setting_source(x, overrides)}: {x['msg']}" for x in e.errors()]
         err.print("[red]invalid configuration:[/red]\n" + "\n".join(lines))
         raise typer.Exit(2) from None
     except SettingsError as e:
         err.print(f"[red]invalid configuration:[/red] {e}. List settings take JSON in the environment, "
                   "e.g. RELYSCOPE_REDACT_DENY='[\"user.email\"]'")
         raise typer.Exit(2) from None
+
+
+def _setting_source(error: dict, overrides: dict) -> str:
+    """Where the bad value of a Settings validation error came from, as the user set it: the
+    command-line option (``--name``, field ``name``) when one was passed, else the environment
+    variable ``RELYSCOPE_<FIELD>`` — with the value given (cut at 60 characters)."""
+    loc = [str(p) for p in error.get("loc", ())]
+    if not loc:
+        return "settings"
+    field = loc[0]
+    given = error.get("input")
+    shown = "" if given is None or isinstance(given, dict) else f"={str(given)[:60]!r}"
+    if overrides.get(field) is not None:
+        return f"command-line option for {field}{shown}"
+    name = "RELYSCOPE_" + field.upper() + "".join(f"__{p.upper()}" for p in loc[1:])
+    return f"{name}{shown}"
 
 
 @app.command()
@@ -183,6 +199,14 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
     return r.json()
+
+
+def _json_or_none(r) -> Optional[dict]:
+    try:
+        d = r.json()
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
 
 
 def _token_error(api: str, token: Optional[str]) -> None:
@@ -299,6 +323,15 @@ def history(
         raise typer.Exit(1) from None
     if r.status_code == 401:
         _token_error(api, token)
+    if r.status_code == 422:
+        detail = _json_or_none(r)
+        valid = (detail or {}).get("detail", {}).get("valid_metrics") if isinstance(
+            (detail or {}).get("detail"), dict) else None
+        if valid:
+            err.print(f"[red]unknown metric {metric[:80]!r}[/red]; valid metric keys include "
+                      f"{', '.join(v for v in ('success_rate', 'pass^1', 'C_out', 'P_brier', 'R') if v in valid)} "
+                      f"({len(valid)} in all, metrics.md §11)")
+            raise typer.Exit(2)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
