@@ -122,7 +122,16 @@ def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
+    t0 = time.monotonic()
     sc.stop()
+    # the matching line at exit: how the stop went (what is left waits in the spool for the next start)
+    left = sc.pipeline.spool.pending_records if sc.pipeline is not None else 0
+    try:
+        print(json.dumps({"event": "stopped", "seconds": round(time.monotonic() - t0, 2),
+                          "spool_records_left": left,
+                          "open_traces_left": sc.pipeline.open_traces if sc.pipeline else 0}), flush=True)
+    except OSError:  # nobody reads our stdout any more: the stop itself went fine
+        pass
 
 
 def _provider(endpoint: str, protocol: str, service_name: str):
