@@ -60,8 +60,13 @@ class Settings(BaseSettings):
         "<n>s|m|h|d or 'all'; exported as the gauges' window label); offline imports are always all-time")
     drift_current: str = Field("1h", description="drift (metrics.md §10): the current window …")
     drift_reference: str = Field("24h", description="… against the reference window just before it")
-    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged when the "
-                                   "bootstrap CI of Δ excludes 0 and |Δ| exceeds this")
+    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged only when "
+                                   "|Δ| exceeds this (and the alerting interval excludes 0)")
+    drift_alert_level: float = Field(0.999, gt=0, lt=1, description="two-sided level of the alerting interval "
+                                     "Δ ± z·se of the drift flag (bootstrap SE, CR1-corrected; 0.999: z = 3.29); "
+                                     "measured false alarms per day in bench/README.md")
+    drift_min_trials: int = Field(100, ge=0, description="valid complete trials the current drift window needs "
+                                  "before drift can be flagged")
     max_label_sets: int = Field(50, ge=1, description="distinct (agent, version) label sets scored and exported "
                                 "per sidecar; beyond it, groups fold into agent=version='other' (counted, warned)")
     rollup_minute_ttl_days: float = Field(2.0, gt=0, description="retention of the minute rollups (>= 25 h: "
