@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--for-min", type=int, default=15)
     ap.add_argument("--alert-level", type=float, default=DEFAULT_ALERT_LEVEL)
     ap.add_argument("--min-trials", type=int, default=DEFAULT_MIN_TRIALS)
-    ap.add_argument("--variants", default="0.99:100:15,0.999:0:15,0.999:100:5,0.999:100:30,0.9999:100:15",
+    ap.add_argument("--variants", default="0.999:100:15,0.999:100:30,0.9998:0:15,0.9998:100:5,0.9999:100:15",
                     help="extra alert_level:min_trials:for_min rules whose false alarms/day and detection "
                     "are also printed (same simulated days)")
     ap.add_argument("--seed", type=int, default=7)

@@ -62,8 +62,8 @@ class Settings(BaseSettings):
     drift_reference: str = Field("24h", description="… against the reference window just before it")
     drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged only when "
                                    "|Δ| exceeds this (and the alerting interval excludes 0)")
-    drift_alert_level: float = Field(0.999, gt=0, lt=1, description="two-sided level of the alerting interval "
-                                     "Δ ± z·se of the drift flag (bootstrap SE, CR1-corrected; 0.999: z = 3.29); "
+    drift_alert_level: float = Field(0.9998, gt=0, lt=1, description="two-sided level of the alerting interval "
+                                     "Δ ± z·se of the drift flag (bootstrap SE, CR1-corrected; 0.9998: z = 3.72); "
                                      "measured false alarms per day in bench/README.md")
     drift_min_trials: int = Field(100, ge=0, description="valid complete trials the current drift window needs "
                                   "before drift can be flagged")

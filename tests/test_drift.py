@@ -149,7 +149,7 @@ def test_interval_covers_zero_at_its_nominal_level_on_stable_traffic():
 def test_stable_traffic_with_few_trials_per_task_rarely_flags():
     # the bug: 50 tasks, ~1 trial per task in the current hour, 24 in the reference — the 95 %
     # percentile interval with the 0.05 threshold flagged ~6 % of evaluations (bench/README.md).
-    # The default decision (level 0.999, ≥ 100 trials) flags none at 50 trials and ≤ 0.3 % at 150.
+    # The default decision (level 0.9998, ≥ 100 trials) flags none at 50 trials and ≤ 0.3 % at 150.
     rng = np.random.default_rng(5)
     for per_task, bound in ((1, 0.0), (3, 0.003)):
         cc, nc, cr, nr = _null_windows(rng, 1000, 50, per_task, 24 * per_task)
@@ -167,7 +167,7 @@ def test_ten_point_drop_is_flagged_with_the_power_of_a_z_test():
     p = rng.beta(7, 3, (200, 50))
     n_cur, n_ref = rng.poisson(8, (200, 50)), rng.poisson(192, (200, 50))
     out = outcome_drift_batch(rng.binomial(n_cur, np.clip(p - 0.1, 0, 1)), n_cur, rng.binomial(n_ref, p), n_ref,
-                              n_boot=1000, percentiles=False)
+                              n_boot=1000, alert_level=0.999, percentiles=False)
     assert 0.70 <= out["success_rate"]["flagged"].mean() <= 0.88
 
 

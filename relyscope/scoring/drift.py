@@ -12,14 +12,16 @@ statistics, same statistic). ``ci`` is the 95 % percentile interval of those rep
 The *flag* (the alerting decision) — deviation from the letter of §10, measured in
 bench/bench_drift_power.py (bench/README.md): the sidecar evaluates the test every minute on
 overlapping windows, so "the 95 % percentile interval excludes 0" raised 3–6 % false alarms *per
-evaluation* below 400 trials/h and many per day. Drift is flagged when all of
+evaluation* below 400 trials/h and the alert on most stable simulated days. The level, the minimum
+and the alert's ``for: 15m`` were chosen by the simulated false alarms per day and time to detect a
+10-point drop. Drift is flagged when all of
 
 - the *alerting interval* ``Δ ± z · se`` excludes 0, where ``se`` is the standard deviation of the
   same bootstrap replicates times the small-sample (CR1) factor ``sqrt(T / (T − 1))`` (T = tasks
   in the union; the bootstrap variance of a mean of T clusters is (T − 1)/T of the unbiased one)
-  and ``z = Φ⁻¹(1 − (1 − alert_level) / 2)`` (default ``alert_level`` 0.999, z = 3.29). A normal
-  interval from the bootstrap SE, not percentiles: the 0.05 % tail percentile of B = 2000
-  replicates is the most extreme replicate, the SD of 2000 is accurate to ~1.6 %;
+  and ``z = Φ⁻¹(1 − (1 − alert_level) / 2)`` (default ``alert_level`` 0.9998, z = 3.72). A normal
+  interval from the bootstrap SE, not percentiles: the 0.01 % tail percentile of B = 2000
+  replicates is beyond the most extreme replicate, while their SD is accurate to ~1.6 %;
 - ``|Δ| > threshold`` (the practical threshold of §10);
 - the current window holds at least ``min_trials`` valid complete trials.
 
@@ -52,8 +54,8 @@ from relyscope.scoring.stats import TaskStats, _prepare
 
 __all__ = ["Drift", "drift", "outcome_drift_batch", "DEFAULT_ALERT_LEVEL", "DEFAULT_MIN_TRIALS"]
 
-#: Two-sided level of the alerting interval (z = 3.29); see the module docstring.
-DEFAULT_ALERT_LEVEL = 0.999
+#: Two-sided level of the alerting interval (z = 3.72); see the module docstring.
+DEFAULT_ALERT_LEVEL = 0.9998
 #: Valid complete trials the current window needs before anything is flagged.
 DEFAULT_MIN_TRIALS = 100
 
