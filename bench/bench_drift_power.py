@@ -33,12 +33,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
-from statistics import NormalDist  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from relyscope.scoring.drift import (DEFAULT_ALERT_LEVEL, DEFAULT_MIN_TRIALS, OUTCOME_KEYS,  # noqa: E402
-                                     outcome_drift_batch)
+from relyscope.scoring.drift import (DEFAULT_ALERT_LEVEL, DEFAULT_MIN_TRIALS,  # noqa: E402
+                                     critical_value, outcome_drift_batch)
 
 CUR, REF = 60, 1440  # minutes
 
@@ -83,14 +82,18 @@ def day(rng, args, rate, *, drop: bool, percentiles: bool):
     cc, nc, cr, nr = windows(C, N, evals)
     res = outcome_drift_batch(cc, nc, cr, nr, threshold=args.threshold, n_boot=args.n_boot, seed=0,
                               percentiles=percentiles, min_trials=0)
+    tasks = ((nc + nr) > 0).sum(axis=1)  # the union the bootstrap draws from
+    for r in res.values():
+        r["tasks"] = tasks
     return res, nc.sum(axis=1)
 
 
-def rule_new(res, trials, z, min_trials, threshold):
-    """Alert condition per metric for the new flag (delta < 0 and flag) at z / min_trials."""
+def rule_new(res, trials, level, min_trials, threshold):
+    """Alert condition per metric for the new flag (delta < 0 and flag) at level / min_trials."""
     out = {}
     for k, r in res.items():
         d, se = r["delta"], r["se"]
+        z = np.array([critical_value(level, int(T)) for T in r["tasks"]])
         with np.errstate(invalid="ignore"):
             excl = np.where(se > 0, np.abs(d) > z * se, (se == 0) & (d != 0))
             out[k] = excl & (np.abs(d) > threshold) & (trials >= min_trials) & (d < 0)
@@ -132,12 +135,12 @@ def main() -> None:
     ap.add_argument("--for-min", type=int, default=15)
     ap.add_argument("--alert-level", type=float, default=DEFAULT_ALERT_LEVEL)
     ap.add_argument("--min-trials", type=int, default=DEFAULT_MIN_TRIALS)
-    ap.add_argument("--variants", default="0.999:100:15,0.999:100:30,0.9998:0:15,0.9998:100:5,0.9999:100:15",
+    ap.add_argument("--variants", default="0.999:100:15,0.9995:100:15,0.9998:0:15,0.9998:100:5,0.9999:100:15",
                     help="extra alert_level:min_trials:for_min rules whose false alarms/day and detection "
                     "are also printed (same simulated days)")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
-    z = NormalDist().inv_cdf(1 - (1 - args.alert_level) / 2)
+    z = critical_value(args.alert_level, args.tasks)
     variants = [(float(a), int(b), int(f)) for a, b, f in (v.split(":") for v in args.variants.split(",") if v)]
     rng = np.random.default_rng(args.seed)
     t_all = time.perf_counter()
@@ -151,22 +154,20 @@ def main() -> None:
         for i in range(args.days):
             old = i < args.old_days
             res, trials = day(rng, args, rate, drop=False, percentiles=old)
-            conds = rule_new(res, trials, z, args.min_trials, args.threshold)
+            conds = rule_new(res, trials, args.alert_level, args.min_trials, args.threshold)
             fa_days += fires(conds, args.for_min) >= 0
             eval_flags += int(conds["success_rate"].sum())
             eval_total += trials.size
             for j, (lv, mt, fm) in enumerate(variants):
-                zz = NormalDist().inv_cdf(1 - (1 - lv) / 2)
-                var_days[j] += fires(rule_new(res, trials, zz, mt, args.threshold), fm) >= 0
+                var_days[j] += fires(rule_new(res, trials, lv, mt, args.threshold), fm) >= 0
             if old:
                 fa_old += fires(rule_old(res, args.threshold), 15) >= 0
         ttd, hit1, hit2 = [], 0, 0
         for _ in range(args.drop_days):
             res, trials = day(rng, args, rate, drop=True, percentiles=False)
-            t = fires(rule_new(res, trials, z, args.min_trials, args.threshold), args.for_min)
+            t = fires(rule_new(res, trials, args.alert_level, args.min_trials, args.threshold), args.for_min)
             for j, (lv, mt, fm) in enumerate(variants):
-                zz = NormalDist().inv_cdf(1 - (1 - lv) / 2)
-                tv = fires(rule_new(res, trials, zz, mt, args.threshold), fm)
+                tv = fires(rule_new(res, trials, lv, mt, args.threshold), fm)
                 var_ttd[j].append(tv + 1 if tv >= 0 else 10**9)
             if t >= 0:
                 ttd.append(t + 1)  # minutes after the drop (the first evaluation is 1 min in)
@@ -185,7 +186,7 @@ def main() -> None:
               f"{fa_old}/{args.old_days}; per-evaluation success_rate flags {row['per_eval']:.5f}; drop detected "
               f"{hit1}/{hit2}/{n_det} of {args.drop_days} within 1h/2h/{args.detect_hours:g}h, median {med:.0f} min "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    print(f"total {time.perf_counter() - t_all:.0f} s; alert_level={args.alert_level} (z={z:.2f}), "
+    print(f"total {time.perf_counter() - t_all:.0f} s; alert_level={args.alert_level} (z={z:.2f} with all tasks), "
           f"min_trials={args.min_trials}, threshold={args.threshold}, for: {args.for_min}m, B={args.n_boot}, "
           f"{args.tasks} tasks")
     print("\n| trials/h | false-alarm days (new) | 95 % upper bound | old rule, false-alarm days | "

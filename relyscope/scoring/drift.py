@@ -19,7 +19,10 @@ and the alert's ``for: 15m`` were chosen by the simulated false alarms per day a
 - the *alerting interval* ``Δ ± z · se`` excludes 0, where ``se`` is the standard deviation of the
   same bootstrap replicates times the small-sample (CR1) factor ``sqrt(T / (T − 1))`` (T = tasks
   in the union; the bootstrap variance of a mean of T clusters is (T − 1)/T of the unbiased one)
-  and ``z = Φ⁻¹(1 − (1 − alert_level) / 2)`` (default ``alert_level`` 0.9998, z = 3.72). A normal
+  and ``z`` the ``1 − (1 − alert_level) / 2`` quantile of Student's t with T − 1 degrees of
+  freedom (default ``alert_level`` 0.9998: z = 4.02 at 50 tasks, 3.75 at 500, → 3.72; CR1 with
+  t(G − 1) is the usual small-cluster correction, Cameron & Miller 2015, J. Human Resources 50(2)
+  §VI; with 10 tasks the normal quantile alarmed on 3 of 100 stable simulated days). An
   interval from the bootstrap SE, not percentiles: the 0.01 % tail percentile of B = 2000
   replicates is beyond the most extreme replicate, while their SD is accurate to ~1.6 %;
 - ``|Δ| > threshold`` (the practical threshold of §10);
@@ -42,19 +45,19 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
+from scipy.stats import t as student_t
 
 from relyscope.scorers.bootstrap import _CHUNK_ELEMS, DEFAULT_LEVEL, percentile_interval, replicate, resample_weights
 from relyscope.scoring.stats import TaskStats, _prepare
 
-__all__ = ["Drift", "drift", "outcome_drift_batch", "DEFAULT_ALERT_LEVEL", "DEFAULT_MIN_TRIALS"]
+__all__ = ["Drift", "drift", "outcome_drift_batch", "critical_value", "DEFAULT_ALERT_LEVEL", "DEFAULT_MIN_TRIALS"]
 
-#: Two-sided level of the alerting interval (z = 3.72); see the module docstring.
+#: Two-sided level of the alerting interval (t quantile, T − 1 df); see the module docstring.
 DEFAULT_ALERT_LEVEL = 0.9998
 #: Valid complete trials the current window needs before anything is flagged.
 DEFAULT_MIN_TRIALS = 100
@@ -89,10 +92,19 @@ def _align(blocks: list[Any], ids: list[str], pos: dict[str, int], n: int) -> li
     return out
 
 
-def _z(alert_level: float) -> float:
+def _check_level(alert_level: float) -> None:
     if not 0 < alert_level < 1:
         raise ValueError("alert_level must be in (0, 1)")
-    return NormalDist().inv_cdf(1 - (1 - alert_level) / 2)
+
+
+def critical_value(alert_level: float, n_tasks: int) -> float:
+    """z of the alerting interval: the ``1 − (1 − alert_level)/2`` quantile of Student's t with
+    ``n_tasks − 1`` degrees of freedom (NaN below 2 tasks). Raises ValueError for a level outside
+    (0, 1)."""
+    _check_level(alert_level)
+    if n_tasks < 2:
+        return math.nan
+    return float(student_t.ppf(1 - (1 - alert_level) / 2, n_tasks - 1))
 
 
 def _se(reps: NDArray[np.float64], n_union: int) -> NDArray[np.float64]:
@@ -113,7 +125,7 @@ def _se(reps: NDArray[np.float64], n_union: int) -> NDArray[np.float64]:
 
 
 def _decide(delta: NDArray[np.float64], se: NDArray[np.float64], trials_current: NDArray[np.int64] | int, *,
-            z: float, threshold: float, min_trials: int) -> NDArray[np.bool_]:
+            z: NDArray[np.float64] | float, threshold: float, min_trials: int) -> NDArray[np.bool_]:
     """The flag (module docstring), elementwise."""
     delta = np.asarray(delta, dtype=np.float64)
     se = np.asarray(se, dtype=np.float64)
@@ -133,7 +145,7 @@ def drift(current: TaskStats, reference: TaskStats, *, safety_measured: bool, th
     ``alert_level`` outside (0, 1). CPU cost O(B × tasks)."""
     if threshold < 0 or n_boot < 0 or min_trials < 0:
         raise ValueError("threshold, n_boot and min_trials must be >= 0")
-    z = _z(alert_level)
+    _check_level(alert_level)
     from relyscope.scorers.profile import _bootstrap_statistic
 
     ref = _prepare(reference, safety_measured, max_k)
@@ -165,7 +177,8 @@ def drift(current: TaskStats, reference: TaskStats, *, safety_measured: bool, th
     for k in keys:
         ci, d, s = cis[k], deltas[k], ses[k]
         flagged = ci is not None and s is not None and bool(
-            _decide(np.array([d]), np.array([s]), n_cur, z=z, threshold=threshold, min_trials=min_trials)[0])
+            _decide(np.array([d]), np.array([s]), n_cur, z=critical_value(alert_level, len(union)),
+                    threshold=threshold, min_trials=min_trials)[0])
         out[k] = Drift(d, ci, bool(flagged), cur.results[k].n_tasks, ref.results[k].n_tasks, s, n_cur)
     return out
 
@@ -228,12 +241,13 @@ def outcome_drift_batch(c_cur: NDArray[Any], n_cur: NDArray[Any], c_ref: NDArray
         raise ValueError("c_cur, n_cur, c_ref, n_ref must share one (E, T) shape")
     c_cur, n_cur, c_ref, n_ref = arrs
     E, _ = c_cur.shape
-    z = _z(alert_level)
+    _check_level(alert_level)
     cols_c, cols_r = _outcome_columns(c_cur, n_cur), _outcome_columns(c_ref, n_ref)
     trials_cur = n_cur.sum(axis=1)
     out = {k: {f: np.full(E, np.nan) for f in ("delta", "ci_low", "ci_high", "se")} for k in keys}
     present = (n_cur + n_ref) > 0
     size = present.sum(axis=1)
+    crit = np.array([critical_value(alert_level, int(T)) for T in size])
     has_both = (n_cur.sum(axis=1) > 0) & (n_ref.sum(axis=1) > 0)
     for k in keys:
         nc, dc = cols_c[k]
@@ -267,6 +281,6 @@ def outcome_drift_batch(c_cur: NDArray[Any], n_cur: NDArray[Any], c_ref: NDArray
                     out[k]["ci_high"][r] = np.where(defined, hi, np.nan)
     for k in keys:
         se = out[k]["se"]
-        out[k]["flagged"] = _decide(out[k]["delta"], se, trials_cur, z=z, threshold=threshold,
+        out[k]["flagged"] = _decide(out[k]["delta"], se, trials_cur, z=crit, threshold=threshold,
                                     min_trials=min_trials) & ~np.isnan(se)
     return out
