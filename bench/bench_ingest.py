@@ -16,12 +16,16 @@ the same run:
    normalizes, stores (chDB) and assembles on the same core; then up to ``--drain-seconds`` more:
    stored spans/s end to end = spans counted by ``GET /api/v1/spans`` / time since the first
    request (the worker has a backlog the whole time, so this is its sustained rate);
+   With ``--workers 1,2`` the phase runs once per value of ``RELYSCOPE_DECODE_WORKERS`` (decode
+   processes), each with a fresh sidecar; when any value is above 1 every such sidecar may use
+   all cores (the client still runs on core 1), so the runs compare the same core set; the
+   cost of shipping a decoded batch back (pickle dumps + loads) is measured beside decode_http;
 4. phase "memory": a fresh sidecar with ``RELYSCOPE_ROOT_TIMEOUT_S`` huge; idle RSS, then the
    children of N traces whose roots never arrive (default 10 000 traces x 15 spans), waiting until
    all are stored and ``relyscope_open_traces`` reaches N; peak RSS (``VmHWM``) vs idle.
 
 Run: ``.venv/bin/python bench/bench_ingest.py [--seconds 8] [--conns 4] [--traces 10000]
-[--drain-seconds 60] [--phases receiver,worker,memory]``
+[--drain-seconds 60] [--phases receiver,worker,memory] [--workers 1,2]``
 """
 
 from __future__ import annotations
@@ -99,8 +103,8 @@ def upb_rate(body: bytes, n_spans: int, seconds: float, fn=ExportTraceServiceReq
 class Sidecar:
     """``relyscope serve`` on free loopback ports, pinned to core 0; stopped by its PID."""
 
-    def __init__(self, data_dir: Path, extra_env: dict | None = None):
-        cpu = 0 if (os.cpu_count() or 1) > 1 else None
+    def __init__(self, data_dir: Path, extra_env: dict | None = None, all_cores: bool = False):
+        cpu = 0 if (os.cpu_count() or 1) > 1 and not all_cores else None
         self.sc = start_sidecar(data_dir, extra_env={"RELYSCOPE_SCORE_INTERVAL_S": "5", **(extra_env or {})},
                                 timeout_s=90, cpu=cpu)
         self.proc = self.sc.proc
@@ -207,9 +211,14 @@ def phase_receiver(root: Path, tmpl: bytes, args) -> float:
     return rate
 
 
-def phase_worker(root: Path, tmpl: bytes, args) -> tuple[float, float]:
-    """Store up: accepted spans/s while the worker competes, then the stored spans/s."""
-    sc = Sidecar(root / "b")
+def phase_worker(root: Path, tmpl: bytes, args, workers: int = 1,
+                 all_cores: bool = False) -> tuple[float, float, float]:
+    """Store up: accepted spans/s while the worker competes, then the stored spans/s (end to end,
+    and after the load stopped)."""
+    sc = Sidecar(root / f"b{workers}", {"RELYSCOPE_DECODE_WORKERS": str(workers)}, all_cores=all_cores)
+    where = "cores 0-1" if all_cores else "core 0"
+    print(f"-- {workers} decode worker{'s' if workers > 1 else ''} (RELYSCOPE_DECODE_WORKERS={workers}), "
+          f"sidecar on {where}")
     try:
         t0 = time.perf_counter()
         b = load(sc.http, tmpl, 0, args.seconds, args.conns)
@@ -221,11 +230,29 @@ def phase_worker(root: Path, tmpl: bytes, args) -> tuple[float, float]:
         trials = sc.metric("relyscope_trials_finalized_total")
         print(f"{'end to end (stored)':<20}: {e2e:12,.0f} spans/s  ({stored} of {b['accepted']} accepted "
               f"spans stored {t_end - t0:.1f} s after the first request; {trials:.0f} trials finalized)")
-        print(f"{'worker after load':<20}: {(stored - s1) / (t_end - t1):12,.0f} spans/s stored  "
+        after = (stored - s1) / (t_end - t1)
+        print(f"{'worker after load':<20}: {after:12,.0f} spans/s stored  "
               f"({stored - s1} spans in the {t_end - t1:.1f} s after the load stopped; no receiver work)")
     finally:
         sc.stop()
-    return rate, e2e
+    return rate, e2e, after
+
+
+def pickle_cost(body: bytes, n_spans: int) -> None:
+    """What a decode process adds back in the main process: spans/s of pickle.loads of a decoded
+    batch (and pickle.dumps, paid in the decode process), against decode_http itself, core 0."""
+    import pickle
+
+    res = decode_http(body, PB["Content-Type"], None)
+    blob = pickle.dumps(res, protocol=pickle.HIGHEST_PROTOCOL)
+    dec = upb_rate(body, n_spans, 2.0, lambda b: decode_http(b, PB["Content-Type"], None))
+    dumps = upb_rate(body, n_spans, 2.0, lambda b: pickle.dumps(res, protocol=pickle.HIGHEST_PROTOCOL))
+    loads = upb_rate(blob, n_spans, 2.0, pickle.loads)
+    print(f"shipping a decoded batch (core 0): decode_http {1e6 / dec:.1f} us/span; pickle.dumps "
+          f"{1e6 / dumps:.1f} us/span (decode process); pickle.loads {1e6 / loads:.1f} us/span (main "
+          f"process: {loads / dec:.2f}x the decode rate, so the main thread saves "
+          f"{(1e6 / dec - 1e6 / loads):.1f} us/span); {len(blob) / n_spans:.0f} B/span pickled vs "
+          f"{len(body) / n_spans:.0f} B/span protobuf")
 
 
 def phase_memory(root: Path, args) -> None:
@@ -265,6 +292,8 @@ def main() -> None:
                     help="how long the end-to-end phase waits for the worker after the load")
     ap.add_argument("--drain-timeout", type=float, default=600.0, help="bound of the memory phase")
     ap.add_argument("--phases", default="receiver,worker,memory")
+    ap.add_argument("--workers", default="1",
+                    help="comma list of RELYSCOPE_DECODE_WORKERS values for the worker phase")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     if (os.cpu_count() or 1) > 1:
@@ -286,7 +315,17 @@ def main() -> None:
         if "receiver" in phases:
             rate_a = phase_receiver(root, tmpl, args)
         if "worker" in phases:
-            rate_b, e2e = phase_worker(root, tmpl, args)
+            counts = [int(w) for w in args.workers.split(",")]
+            multi = any(w > 1 for w in counts)
+            if multi:
+                pickle_cost(body0, SPANS)
+            got = {w: phase_worker(root, tmpl, args, w, all_cores=multi) for w in counts}
+            rate_b, e2e, _ = got[counts[0]]
+            if multi:
+                base = got[counts[0]]
+                for w in counts[1:]:
+                    print(f"{w} vs {counts[0]} decode workers: accepted x{got[w][0] / base[0]:.2f}, stored end "
+                          f"to end x{got[w][1] / base[1]:.2f}, stored after load x{got[w][2] / base[2]:.2f}")
         raw2 = upb_rate(body0, SPANS, 2.0)
         print(f"raw upb FromString (core 0, after) : {raw2:12,.0f} spans/s")
         if "memory" in phases:

@@ -9,7 +9,7 @@ start (a bad value fails fast with the field named) and passed in explicitly; no
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "parse_hostport", "unknown_env_vars"]
@@ -29,7 +29,9 @@ def parse_hostport(value: str) -> tuple[str, int]:
 class Settings(BaseSettings):
     """Sidecar configuration. Units: seconds, bytes."""
 
-    model_config = SettingsConfigDict(env_prefix="RELYSCOPE_", extra="forbid", env_nested_delimiter="__")
+    # env_parse_none_str: RELYSCOPE_SCORES_TTL_DAYS=null (and any optional setting) means None
+    model_config = SettingsConfigDict(env_prefix="RELYSCOPE_", extra="forbid", env_nested_delimiter="__",
+                                      env_parse_none_str="null")
 
     store: str = Field("chdb:///./.relyscope/data", description="ClickHouse DSN: chdb:///path or http(s)://host:8123/db")
     otlp_grpc: str = Field("127.0.0.1:4317", description="OTLP/gRPC listen address (port 0: any free port)")
@@ -40,6 +42,9 @@ class Settings(BaseSettings):
     spool_segment_bytes: int | None = Field(
         None, ge=4096, description="spool segment size; space is freed per whole segment (default min(64 MiB, spool_max_bytes/8))")
     queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
+    decode_workers: int = Field(
+        1, ge=1, le=64, description="processes that decode spool records for the worker (1: in the worker thread); "
+        "results are consumed in spool order, so storing, assembly and commits are unchanged")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
     max_inflight_bytes: int = Field(
         256 << 20, ge=1 << 20, description="request bytes held at once by both OTLP receivers (bodies being read, "
@@ -69,6 +74,13 @@ class Settings(BaseSettings):
                                   "before drift can be flagged")
     max_label_sets: int = Field(50, ge=1, description="distinct (agent, version) label sets scored and exported "
                                 "per sidecar; beyond it, groups fold into agent=version='other' (counted, warned)")
+    spans_ttl_days: float = Field(14.0, gt=0, description="retention of raw spans (otel_traces), days "
+                                  "after they were stored; <= trials_ttl_days")
+    trials_ttl_days: float = Field(90.0, gt=0, description="retention of trials, their grades, outcomes, "
+                                          "judge verdicts and the shadow ledger, days after stored; "
+                                          "<= scores_ttl_days and rollup_hour_ttl_days (live scores read the rollups)")
+    scores_ttl_days: float | None = Field(400.0, gt=0, description="retention of the score history (scores table); "
+                                          "None = for ever")
     rollup_minute_ttl_days: float = Field(2.0, gt=0, description="retention of the minute rollups (>= 25 h: "
                                           "windows up to 6 h and drift read them)")
     rollup_hour_ttl_days: float = Field(400.0, gt=0, description="retention of the hour rollups (the 24h/7d windows)")
@@ -153,6 +165,13 @@ class Settings(BaseSettings):
         None, description="chaos testing: while this file exists, store writes fail — empty: as if ClickHouse "
         "were down; JSON {\"code\": N, \"match\": S, \"tables\": [..]}: inserts fail with ClickHouse error code N "
         "while the server answers (relyscope.store.clickhouse)")
+
+    @model_validator(mode="after")
+    def _retention(self) -> "Settings":
+        from relyscope.store.schema import Retention
+
+        Retention.from_settings(self)  # ValueError: spans outlive trials, trials outlive rollups, …
+        return self
 
     @field_validator("drift_current", "drift_reference")
     @classmethod

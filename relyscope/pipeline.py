@@ -9,7 +9,9 @@ in a bounded in-memory queue (``queue_max_batches`` batches, ``_MEM_MAX_BYTES`` 
 worker need not re-read it; the worker decodes protobuf bodies itself. A batch that did not fit,
 or one replayed after a restart, is re-read from the spool.
 
-One worker thread takes batches in spool order, normalizes the spans, stores them, feeds the
+One worker thread takes batches in spool order — decoded in that thread, or with
+``decode_workers`` > 1 decoded ahead by that many processes (:mod:`relyscope.decode_pool`) and
+taken back in spool order, so nothing below changes — normalizes the spans, stores them, feeds the
 trajectory builder, stores finalized trials, and commits the spool up to the last record whose
 spans are stored — an open trace never pins the spool. The ids of the traces still open (or
 whose trial is not stored yet) are written durably before each commit, and reloaded from the
@@ -36,6 +38,7 @@ than the whole spool) are raised to the receivers, which map them to OTLP status
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import os
@@ -55,8 +58,10 @@ from relyscope.collector.otlp import (
     validate_http,
 )
 from relyscope.collector.otlp import _decompress as decompress  # TODO: public name
+from relyscope.collector.records import TAG_JSON, TAG_PROTO, decode_spool_record
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
+from relyscope.decode_pool import DecodePool, OrderedPrefetch
 from relyscope.model import CanonicalSpan, Trial
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore
@@ -70,15 +75,15 @@ __all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes
 log = logging.getLogger("relyscope.pipeline")
 
 # spool record: 1 tag byte + body. The tag says how to decode it again on replay.
-_TAG_PROTO = b"P"
+_TAG_PROTO, _TAG_JSON = TAG_PROTO, TAG_JSON
 _INSERT_BATCH_SPANS = 8192  # spans per ClickHouse insert (several spool records)
-_TAG_JSON = b"J"
 
 _STORE_RETRY_S = 0.5  # first pause before retrying a failed store write; doubles per failure
 _OPEN_STATE = "open_traces.json"  # spool state: ids of traces open at the last commit
 _MIN_STRIKES = 3  # attempts before a record refused with a data error is quarantined
 _MAX_SEGMENT_BYTES = 64 << 20
 _MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyond: re-read)
+_PREFETCH_RECORDS_PER_WORKER = 8  # records decoded ahead per decode process (decode_workers > 1)
 
 
 class Backpressure(Exception):
@@ -136,6 +141,10 @@ class Pipeline:
                              max_attributes=settings.max_attributes,
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
+        # how a spool record is decoded: picklable, so decode_workers > 1 runs it in processes
+        self._decode_fn: Callable[[bytes], DecodeResult] = functools.partial(decode_spool_record,
+                                                                            limits=self.limits)
+        self._prefetch: OrderedPrefetch | None = None  # set by start() when decode_workers > 1
         self.inflight = InflightBudget(settings.max_inflight_bytes)  # shared by both receivers
         spool_dir = settings.spool_dir or default_spool_dir(store.dsn)
         self.spool_dir = spool_dir
@@ -194,6 +203,11 @@ class Pipeline:
         """Start the worker (which first replays what the spool holds) and the scorer thread."""
         if self.spool.pending_records:
             log.info("replaying %d spooled batches", self.spool.pending_records)
+        workers = getattr(self.settings, "decode_workers", 1) or 1
+        if workers > 1 and self._prefetch is None:
+            self._prefetch = OrderedPrefetch(DecodePool(self._decode_fn, workers),
+                                             max_records=_PREFETCH_RECORDS_PER_WORKER * workers,
+                                             max_bytes=_MEM_MAX_BYTES)
         for target, name in ((self._work_loop, "relyscope-worker"), (self._score_loop, "relyscope-scorer")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -238,6 +252,9 @@ class Pipeline:
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout_s)
+        if self._prefetch is not None:
+            self._prefetch.reset(0)
+            self._prefetch.pool.close()
         self.spool.close()
 
     @property
@@ -366,6 +383,8 @@ class Pipeline:
     # ---- worker ---------------------------------------------------------------------------------
     def _take(self) -> tuple[int, DecodeResult] | None:
         """Next batch in spool order, decoded: from memory, or re-read from the spool."""
+        if self._prefetch is not None:
+            return self._take_pooled()
         with self._cv:
             seq = self._next_seq
             res = self._mem.pop(seq, None)
@@ -387,18 +406,44 @@ class Pipeline:
         return rseq, self._decode_record(rseq, payload)
 
     def _decode_record(self, seq: int, payload: bytes) -> DecodeResult:
-        """Decode one spool record (tag byte + decompressed body). Protobuf warnings are counted
-        here, once, for records accepted since this start (JSON ones were counted by ``accept``;
-        replayed ones when first accepted)."""
-        is_json = payload[:1] == _TAG_JSON
-        try:
-            res = decode_http(payload[1:], "application/json" if is_json else "application/x-protobuf",
-                              None, self.limits)
-        except OTLPRequestError:
-            return DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
-        if not is_json and seq > self._replay_until:
+        """Decode one spool record (tag byte + decompressed body) with ``self._decode_fn`` in this
+        thread, and count its warnings (:meth:`_decoded`)."""
+        return self._decoded(seq, payload, self._decode_fn(payload))
+
+    def _decoded(self, seq: int, payload: bytes, res: DecodeResult) -> DecodeResult:
+        """Protobuf warnings are counted here, once, for records accepted since this start (JSON
+        ones were counted by ``accept``; replayed ones when first accepted)."""
+        if payload[:1] != _TAG_JSON and seq > self._replay_until:
             self.stats.warnings.update(res.warnings)
         return res
+
+    def _take_pooled(self) -> tuple[int, DecodeResult] | None:
+        """As :meth:`_take`, with records decoded ahead by the worker processes
+        (``decode_workers`` > 1); results still come in spool order."""
+        with self._cv:
+            seq = self._next_seq
+        got = self._prefetch.take(seq, self._fetch)
+        if got is None:
+            last = self.spool.last_seq
+            if seq <= last:  # every record in [seq, last] is unreadable (counted by the spool) or gone
+                log.warning("spool records %d..%d unreadable; skipped", seq, last)
+                self._advance(last)
+            return None
+        rseq, res, payload = got
+        return rseq, (res if payload is None else self._decoded(rseq, payload, res))
+
+    def _fetch(self, seq: int) -> tuple[int, DecodeResult | bytes] | None:
+        """The first record at or after ``seq``: from memory, else re-read from the spool; None
+        when none is durable yet (or every one left is unreadable)."""
+        with self._cv:
+            res = self._mem.pop(seq, None)
+            self._mem_bytes -= self._mem_cost.pop(seq, 0)
+        if res is not None:
+            return seq, res
+        if seq > self.spool.last_seq:
+            return None
+        recs = self.spool.read_from(seq, max_records=1)
+        return recs[0] if recs else None
 
     def _advance(self, seq: int) -> None:
         """Mark every record up to ``seq`` as processed by the worker."""

@@ -95,7 +95,10 @@ class Sidecar:
     def _start(self) -> "Sidecar":
         s = self.settings
         token = s.auth_token.get_secret_value() if s.auth_token else None
-        self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True)
+        from relyscope.store.schema import Retention
+
+        self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True,
+                           retention=Retention.from_settings(s))
         self.pipeline = Pipeline(s, self.store)
         self.pipeline.start()
         http_sock = _bind(s.otlp_http)
@@ -111,7 +114,8 @@ class Sidecar:
         api_host = api_sock.getsockname()[0]
         api_host = "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host
         self.shadow = ShadowStage(s, self.store, self.pipeline.policy,
-                                  proxy_base_url=f"http://{api_host}:{self.api_port}")
+                                  proxy_base_url=f"http://{api_host}:{self.api_port}",
+                                  state_path=f"{self.pipeline.spool_dir.rstrip('/')}.shadow.json")
         self.pipeline.shadow = self.shadow
         self._http = [
             _UvicornThread(create_otlp_http_app(self.pipeline, token=token), http_sock, "otlp-http", s),

@@ -202,11 +202,13 @@ def _stop_term(sc: SidecarProc) -> int | None:
 
 
 # ---- 1. store outage mid-stream -----------------------------------------------------------------
-def test_store_outage_mid_stream_keeps_acknowledging_and_drains_after(tmp_path, sidecars):
+@pytest.mark.parametrize("workers", [1, 2])  # 2: records decoded ahead are taken again after the rewind
+def test_store_outage_mid_stream_keeps_acknowledging_and_drains_after(tmp_path, sidecars, workers):
     down = tmp_path / "down"
     # a long grace period: trials are finalized only by the flushes below, so the flush during
     # the outage finds every span stored and only the trials left to write
-    sc = _start(sidecars, tmp_path, RELYSCOPE_FAULT_STORE_DOWN_FILE=down, RELYSCOPE_GRACE_PERIOD_S=120)
+    sc = _start(sidecars, tmp_path, RELYSCOPE_FAULT_STORE_DOWN_FILE=down, RELYSCOPE_GRACE_PERIOD_S=120,
+                RELYSCOPE_DECODE_WORKERS=workers)
     traces: dict[str, list[dict]] = {}
     before = [trace_id_of(1, i) for i in range(4)]
     for tid in before:
@@ -292,9 +294,32 @@ class Sender:
             t.join(30)
 
 
-def test_sigkill_under_load_loses_no_acknowledged_span_and_duplicates_no_trial(tmp_path, sidecars):
-    rng = random.Random(20240607)
-    sc = _start(sidecars, tmp_path)
+def _decode_children(sc: SidecarProc) -> list[int]:
+    """Pids of the sidecar's child processes (its decode workers and multiprocessing's resource
+    tracker), whichever of its threads started them."""
+    out: list[int] = []
+    for task in Path(f"/proc/{sc.proc.pid}/task").iterdir():
+        try:
+            out += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+
+
+# 2 decode processes: records are decoded ahead out of the worker thread and taken back in
+# spool order; a kill -9 at any moment must still lose no acknowledged span and duplicate none
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigkill_under_load_loses_no_acknowledged_span_and_duplicates_no_trial(tmp_path, sidecars, workers):
+    rng = random.Random(20240607 + workers)
+    env = {"RELYSCOPE_DECODE_WORKERS": workers}
+    sc = _start(sidecars, tmp_path, **env)
     sent_traces: dict[str, list[dict]] = {}
     acked_keys: set[tuple[str, str]] = set()
     for rnd in range(3):
@@ -312,12 +337,16 @@ def test_sigkill_under_load_loses_no_acknowledged_span_and_duplicates_no_trial(t
             while len(sender.acked) < kill_after and any(t.is_alive() for t in sender.threads):
                 assert time.monotonic() < deadline, "requests acknowledged"
                 time.sleep(0.005)
+            children = _decode_children(sc)
             sc.kill(signal.SIGKILL)
         assert sc.proc.returncode == -signal.SIGKILL
+        if workers > 1:  # the decode processes (and multiprocessing's resource tracker) die with it
+            assert len(children) >= 2, children  # the tracker and at least one decode process
+            wait_until(lambda: all(_gone(p) for p in children), 15, "decode workers exited")
         assert kill_after <= len(sender.acked) < len(requests)  # killed mid-stream
         for i in sender.acked:
             acked_keys |= keys_of(requests[i])
-        sc = _start(sidecars, tmp_path)  # same data dir and spool dir
+        sc = _start(sidecars, tmp_path, **env)  # same data dir and spool dir
         flush(sc)
         stored = stored_keys(sc)
         missing = acked_keys - stored

@@ -154,6 +154,24 @@ def test_tool_call_attributes_and_result(mem):
     assert span.status.status_code == StatusCode.UNSET
 
 
+@pytest.mark.parametrize("result", ['{"status": "ok", "n": 2}', '[1, 2]', '"quoted"', "plain text", "{not json",
+                                    {"status": "ok"}, [1, 2]])
+def test_tool_result_type_survives_the_collector(mem, result):
+    """Bug: a tool that returned JSON *text* was recorded as that text, the collector decoded it,
+    and a shadow replay handed the agent a dict where production had handed it a str (an agent
+    doing ``json.loads(result)`` then crashed in every replay: false inconsistency). The value the
+    collector decodes (its own ``decode_json_once``) must be the value the tool returned, type
+    included."""
+    from relyscope.collector.normalize._values import decode_json_once
+
+    tp, exp = mem
+    with tool_call("fetch", tracer_provider=tp) as tool:
+        tool.set_result(result)
+    (span,) = exp.get_finished_spans()
+    back = decode_json_once(span.attributes["gen_ai.tool.call.result"])
+    assert back == result and type(back) is type(result)
+
+
 def test_tool_call_string_arguments_pass_through(mem):
     tp, exp = mem
     raw = '{"user_id": "mia_li_3668",   "x":1}'  # odd spacing must survive untouched

@@ -29,7 +29,7 @@ from conftest import start_sidecar
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "alerts" / "relyscope-rules.yml"
 
-__all__ = ["prometheus_binaries", "PrometheusProc", "start_prometheus", "send_runs", "RUNS", "promql_names"]
+__all__ = ["prometheus_binaries", "PrometheusProc", "start_prometheus", "stop_all", "send_runs", "RUNS", "promql_names"]
 
 _INSTALL_TRIED: list[bool] = []
 
@@ -143,6 +143,13 @@ def start_prometheus(workdir: Path, targets: list[str], *, rule_files: list[Path
     raise RuntimeError(f"prometheus did not become ready: {last}")
 
 
+def stop_all(prom: PrometheusProc | None, sc) -> None:
+    """Stop the Prometheus (if started), then the sidecar (by their PIDs)."""
+    if prom is not None:
+        prom.stop()
+    sc.kill()
+
+
 # ---------------------------------------------------------------------------------------------
 # Agent runs sent over OTLP/HTTP JSON. (agent, version) → task → outcomes of its trials.
 RUNS: dict[tuple[str, str], dict[str, list[bool]]] = {
@@ -217,12 +224,7 @@ def scraped(tmp_path_factory):
                                 rule_files=[RULES])
         yield sc, prom, sent
     finally:
-        if prom is not None:
-            prom.stop()
-        sc.kill()
-        for f in (sc.proc.stdout, sc.proc.stderr):
-            if f:
-                f.close()
+        stop_all(prom, sc)
 
 
 def _by_agent(series: list[dict]) -> dict[str, float]:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -27,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     root = sys.argv[1]
     st = PoisonStore(f"chdb://{root}/data")
     p = Pipeline(Settings(store=f"chdb://{root}/data", spool_dir=f"{root}/spool", grace_period_s=0,
-                          quarantine_after_s=0), st)
+                          quarantine_after_s=0, decode_workers=int(sys.argv[2])), st)
     p.start()
     for i, name in enumerate(["good-1", "poison", "good-2"]):
         span = {"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": name, "kind": 1,
@@ -44,8 +46,11 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_poison_record_is_quarantined_and_later_records_are_stored(tmp_path):
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=180)
+# 2 decode processes: narrowing down re-reads records decoded ahead; they come back in spool order
+@pytest.mark.parametrize("workers", [1, 2])
+def test_poison_record_is_quarantined_and_later_records_are_stored(tmp_path, workers):
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(workers)], capture_output=True, text=True,
+                       timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["flushed"] is True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -320,9 +321,17 @@ def test_automatic_sampling_records_every_decision(tmp_path):
         m = sc.get("/metrics").text
         assert 'relyscope_shadow_decisions_total{decision="sampled"} 1.0' in m
         assert 'relyscope_shadow_decisions_total{decision="over_cap"} 1.0' in m
-        # pause stops sampling; the state says so
-        assert sc.post("/api/v1/shadow/pause").json() == {"paused": True}
+        # pause stops sampling; the state says so, and it outlives a restart (bug: a restarted
+        # sidecar resumed sampling, so an operator's pause lasted until the next rollout)
+        assert sc.post("/api/v1/shadow/pause").json() == {"paused": True, "persisted": True}
         assert sc.get("/api/v1/shadow").json()["paused"] is True
+        sc.kill(signal.SIGKILL)
+        w.sc = sc = start_sidecar(tmp_path, extra_env=sc.env)
+        assert sc.get("/api/v1/shadow").json()["paused"] is True
+        assert sc.post("/api/v1/shadow/resume").json() == {"paused": False, "persisted": True}
+        sc.kill()
+        w.sc = sc = start_sidecar(tmp_path, extra_env=sc.env)
+        assert sc.get("/api/v1/shadow").json()["paused"] is False
 
 
 def test_no_side_effect_escapes_in_any_family_or_run_kind(tmp_path):

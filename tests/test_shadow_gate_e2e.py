@@ -171,3 +171,50 @@ def test_canary_traffic_is_gated_against_production(gated):
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert res["verdict"] == "block" and res["shared_tasks"] == 24
     assert res["deltas"]["success_rate"]["delta"] == -1.0
+
+
+def test_since_scopes_the_experiment_to_runs_after_it(gated):
+    """Two canary experiments on the same version: the first ran the worse code, the second the
+    fixed one. Without --since the gate mixes them (half of the candidate's runs fail: block);
+    with --since between the two it judges only the second (pass), and says its scope."""
+    sc, tmp, _ = gated
+
+    def prod(version, *flags, kind="canary"):
+        subprocess.run([sys.executable, "-m", "tests.replay_agents.refund_agent", "prod", "--otlp", sc.otlp_grpc,
+                        "--effects", str(tmp / f"since-{version}.log"), "--version", version, "--tasks", "24",
+                        "--runs", "1", "--run-kind", kind, *flags], cwd=ROOT, check=True, timeout=60)
+        sc.flush()
+
+    prod("3.0-canary", "--worse")
+    time.sleep(1.1)
+    t0 = time.time()
+    prod("1.0", kind="production")  # the incumbent's production traffic during the second experiment
+    prod("3.0-canary")
+
+    mixed = gate(sc, "--baseline", "1.0", "--candidate", "3.0-canary", "--mode", "canary", "--format", "json")
+    res = json.loads(mixed.stdout)
+    assert mixed.returncode == 1 and res["verdict"] == "block", (mixed.stdout, mixed.stderr)
+    # every task: baseline succeeds in all its runs, candidate in 1 of its 2
+    assert res["deltas"]["success_rate"]["delta"] == pytest.approx(-0.5)
+    assert res["experiment"]["since"] is None
+
+    scoped = gate(sc, "--baseline", "1.0", "--candidate", "3.0-canary", "--mode", "canary",
+                  "--since", f"{t0:.3f}", "--format", "json")
+    res = json.loads(scoped.stdout)
+    assert scoped.returncode == 0 and res["verdict"] == "pass", (scoped.stdout, scoped.stderr)
+    assert res["deltas"]["success_rate"]["delta"] == 0.0
+    assert res["experiment"]["since"].startswith(time.strftime("%Y-%m-%dT", time.gmtime(t0)))
+
+    # a duration back from now names the same scope here (both runs are minutes old at most)
+    recent = gate(sc, "--baseline", "1.0", "--candidate", "3.0-canary", "--mode", "canary", "--since", "1h")
+    assert recent.returncode == 1, (recent.stdout, recent.stderr)
+
+
+def test_since_errors_say_what_to_change(gated):
+    sc, _, _ = gated
+    bad = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--since", "yesterday-ish")
+    assert bad.returncode == 2 and "duration back from now" in bad.stderr, bad.stderr
+    future = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--since", str(time.time() + 3600))
+    assert future.returncode == 2 and "since" in future.stderr and "no shadow runs" in future.stderr, future.stderr
+    r = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": "soon"})
+    assert r.status_code == 422 and "ISO 8601" in r.text, r.text

@@ -172,3 +172,18 @@ def test_sigkill_during_quarantine_retries_quarantines_the_record_once(tmp_path,
     assert [e["spans"] for e in _quarantine(sc)] == [5]
     assert stored_keys(sc) == set().union(*(keys_of(s) for s in good.values()))
     assert _stop_term(sc) == 0
+
+
+def test_a_store_down_at_start_is_retried_once_per_interval_not_in_a_busy_loop(tmp_path, sidecars):
+    """While every write fails from the start (no score yet), the scorer retries its first cycle
+    every RELYSCOPE_SCORE_INTERVAL_S (1 s here), not at once: it used to log ~200 failures a
+    second and starve the receivers of CPU (the graceful-stop test then flaked)."""
+    import time
+
+    down = tmp_path / "down"
+    down.touch()
+    sc = _start(sidecars, tmp_path, RELYSCOPE_FAULT_STORE_DOWN_FILE=down)
+    time.sleep(4)
+    n = sc.log.count("scoring failed")
+    assert _stop_term(sc) == 0
+    assert 1 <= n <= 4 + 2, n  # one per second, give or take the start and a slow machine

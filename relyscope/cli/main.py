@@ -525,6 +525,29 @@ def _demo_shadow(sc, seed: int) -> list[dict]:
     return out
 
 
+@app.command()
+def schema(
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="print the ClickHouse cluster variant for this "
+                                          "cluster name (ON CLUSTER, Replicated*MergeTree, <table>_dist Distributed tables)"),
+    database: str = typer.Option("relyscope", "--database", help="database the statements create and use"),
+    zk_path: str = typer.Option("/clickhouse/tables/{shard}/{database}/{table}", "--zk-path",
+                                help="Keeper path of the replicated tables ({shard}/{database}/{table} macros)"),
+) -> None:
+    """Print every table and view of a relyscope store as ClickHouse DDL (statements end with ';',
+    for clickhouse-client --multiquery), with the retention TTLs of the current settings
+    (RELYSCOPE_SPANS_TTL_DAYS, RELYSCOPE_TRIALS_TTL_DAYS, …)."""
+    from relyscope.store.schema import Retention, cluster_schema, statements
+
+    ret = Retention.from_settings(_settings())
+    try:
+        ddl = cluster_schema(cluster, ret, zk_path=zk_path) if cluster else statements(ret)
+    except ValueError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    for stmt in ddl:
+        print(stmt.replace("{db}", database).strip() + ";\n")
+
+
 def main() -> None:  # console-script entry point
     app()
 

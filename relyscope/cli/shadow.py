@@ -203,11 +203,23 @@ def gate(baseline: str = typer.Option(..., "--baseline", help="the version in pr
          policy: Optional[Path] = typer.Option(None, "--policy", help="gate thresholds YAML (default: the sidecar's)"),
          agent: Optional[str] = typer.Option(None, "--agent", help="agent name (when several have these versions)"),
          mode: str = typer.Option("shadow", "--mode", help="shadow (replays) or canary (canary traffic vs production)"),
+         since: Optional[str] = typer.Option(None, "--since", help="scope of the experiment: only runs and replays "
+                                             "since then count (a duration back from now like 2h, an ISO 8601 "
+                                             "time or Unix seconds)"),
          format: str = typer.Option("table", "--format", help="table or json"),
          api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """Release gate (metrics.md §10): exit 0 pass, 1 block, 2 error, 3 inconclusive."""
     m = _cli()
     body: dict = {"baseline": baseline, "candidate": candidate, "agent": agent, "mode": mode}
+    if since is not None:
+        from relyscope.shadow.gating import parse_since
+
+        try:
+            parse_since(since)  # the message says what to change before anything is sent
+        except ValueError as e:
+            m.err.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
+        body["since"] = since
     if policy is not None:
         from relyscope.scorers.gate import GatePolicyError, load_gate_policy
 

@@ -56,6 +56,9 @@ class GateBody(_Strict):
     agent: str | None = None
     mode: str = "shadow"
     policy: dict[str, Any] | None = None
+    since: str | float | None = Field(None, description="scope of the experiment: a duration back from "
+                                      "now (2h), an ISO 8601 time or Unix seconds; runs and replays before "
+                                      "it do not count")
 
 
 _PROXY_MAX_BODY = 1 << 20
@@ -190,21 +193,24 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
 
     @r.post("/api/v1/shadow/pause", dependencies=guarded)
     def pause() -> dict:
-        _stage(pipeline).pause()
-        return {"paused": True}
+        return {"paused": True, "persisted": _stage(pipeline).pause()}
 
     @r.post("/api/v1/shadow/resume", dependencies=guarded)
     def resume() -> dict:
-        _stage(pipeline).resume()
-        return {"paused": False}
+        return {"paused": False, "persisted": _stage(pipeline).resume()}
 
-    def _gate(baseline: str, candidate: str, agent: str | None, mode: str, policy_data: dict | None) -> dict:
+    def _gate(baseline: str, candidate: str, agent: str | None, mode: str, policy_data: dict | None,
+              since: str | float | None = None) -> dict:
         from relyscope.scorers.gate import GatePolicyError, parse_gate_policy
-        from relyscope.shadow.gating import MODES, UnknownVersion, run_gate
+        from relyscope.shadow.gating import MODES, UnknownVersion, parse_since, run_gate
         from relyscope.store import StoreUnavailable
 
         if mode not in MODES:
             raise HTTPException(422, f"mode must be one of {', '.join(MODES)}")
+        try:
+            since_s = parse_since(since)
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
         try:
             policy = parse_gate_policy(policy_data, origin="request body policy") if policy_data is not None \
                 else pipeline.gate_policy
@@ -212,7 +218,8 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
             raise HTTPException(422, str(e)) from None
         try:
             res = run_gate(pipeline.load_trials, pipeline.store, baseline=baseline, candidate=candidate,
-                           policy=policy, safety_policy=pipeline.policy, agent=agent, mode=mode)
+                           policy=policy, safety_policy=pipeline.policy, agent=agent, mode=mode,
+                           since_s=since_s)
         except UnknownVersion as e:
             raise HTTPException(404, str(e)) from None
         except StoreUnavailable as e:
@@ -225,11 +232,12 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         return out
 
     @r.get("/api/v1/gate", dependencies=guarded)
-    def gate(baseline: str, candidate: str, agent: str | None = None, mode: str = "shadow") -> dict:
-        return _gate(baseline, candidate, agent, mode, None)
+    def gate(baseline: str, candidate: str, agent: str | None = None, mode: str = "shadow",
+             since: str | None = None) -> dict:
+        return _gate(baseline, candidate, agent, mode, None, since)
 
     @r.post("/api/v1/gate", dependencies=guarded)
     def gate_post(body: GateBody) -> dict:
-        return _gate(body.baseline, body.candidate, body.agent, body.mode, body.policy)
+        return _gate(body.baseline, body.candidate, body.agent, body.mode, body.policy, body.since)
 
     return r

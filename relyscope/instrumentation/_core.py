@@ -126,6 +126,18 @@ def _encode_content(value: Any) -> str:
         return repr(value)
 
 
+def _reads_as_json(text: str) -> bool:
+    """Would the collector decode ``text`` (it decodes strings opening with ``{``, ``[`` or ``"``
+    that parse as JSON, :func:`relyscope.collector.normalize._values.decode_json_once`)?"""
+    if text.lstrip()[:1] not in ('{', '[', '"'):
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _content_value(name: str, value: Any) -> str | None:
     encoded = _encode_content(value)
     fn = _redactor
@@ -320,7 +332,14 @@ class ToolCallHandle(SpanHandle):
         return result
 
     def set_result(self, value: Any) -> None:
-        """``gen_ai.tool.call.result``: str unchanged, else JSON; passes the redactor."""
+        """``gen_ai.tool.call.result``: a str unchanged, anything else as JSON; passes the redactor.
+
+        A str that itself reads as JSON (``'{"a": 1}'``, text an HTTP tool returned) is written as
+        a JSON string literal, so that the collector, which decodes JSON-looking results once,
+        gets the str back rather than the object: a shadow replay must hand the agent the same
+        type its tool returned in production (the agent may well ``json.loads`` it)."""
+        if isinstance(value, str) and _reads_as_json(value):
+            value = json.dumps(value, ensure_ascii=False)
         _set_content(self._span, sc.GEN_AI_TOOL_CALL_RESULT, value)
 
 

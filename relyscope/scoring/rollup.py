@@ -140,57 +140,23 @@ ROLLUP_TABLES: Final = ("task_stats", "conf_stats", "traj_sample", "contrib", "s
 _MINUTE_LEVEL_MAX_S: Final = 25 * 3600
 
 
-def retention_ddl(minute_ttl_days: float = 2, hour_ttl_days: float = 400, traj_ttl_days: float = 30) -> list[str]:
-    """``ALTER TABLE … MODIFY TTL`` statements of the rollup tables: minute buckets (level 1)
-    deleted ``minute_ttl_days`` after their bucket, hour buckets (level 2) after
-    ``hour_ttl_days``; the all-time level and ``contrib`` (needed to retract a trial whenever it
-    changes) never expire; ``traj_sample`` rows after ``traj_ttl_days`` (all-time C_traj then uses
-    the most recent M runs still kept). Rollups outlive the spans and trials they came from when
-    those tables get shorter TTLs."""
-    m, h, t = (int(round(x * 86400)) for x in (minute_ttl_days, hour_ttl_days, traj_ttl_days))
-    out = []
-    for table in ("task_stats", "conf_stats"):
-        out.append(f"ALTER TABLE {{db}}.{table} MODIFY TTL bucket + toIntervalSecond({m}) WHERE level = 1, "
-                   f"bucket + toIntervalSecond({h}) WHERE level = 2")
-    # by when the row was written, not by the run's timestamp: a backfilled run (old timestamps)
-    # would otherwise be deleted at once and all-time C_traj lose it
-    out.append(f"ALTER TABLE {{db}}.traj_sample MODIFY TTL toDateTime(intDiv(version_ns, 1000000000)) "
-               f"+ toIntervalSecond({t})")
-    return out
-
-
-#: rows of one trial must meet on one shard (contrib's FINAL, traj_sample's replacement)
-_SHARD_KEY: Final = "cityHash64(trial_id)"
-
-
 def cluster_schema(cluster: str, *, zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}") -> list[str]:
-    """The rollup DDL for a ClickHouse cluster (NOT run against a server here; chDB has no
-    clusters): every statement ``ON CLUSTER``; stored tables on ``Replicated*MergeTree`` (with
-    ``zk_path`` and ``{replica}`` macros); ``contrib_log`` stays ``Null`` on every node with its
-    views, and a ``contrib_log_dist`` Distributed table sharded by trial id takes the inserts so
-    both rows of a change (−old, +new) and a trial's ``contrib`` rows land on one shard; reads go
-    through ``<table>_dist`` Distributed tables (the per-task sums add up across shards).
-    :class:`Rollup` itself still reads and writes the local names."""
-    out = []
-    for ddl in ROLLUP_SCHEMA:
-        if ddl.lstrip().startswith("ALTER TABLE {db}.trials"):
-            continue  # the store's own table: its cluster variant belongs to the store schema
-        m = re.match(r"\s*CREATE (TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", ddl)
-        assert m, ddl
-        name = m.group(2)
-        ddl = ddl.replace(f"{{db}}.{name}", f"{{db}}.{name} ON CLUSTER '{cluster}'", 1)
-        # the watermarks are one per deployment, not per shard: one replicated copy on every node
-        path = zk_path.replace("{table}", name).replace("{shard}", "all" if name == "scoring_state" else "{shard}")
-        ddl = re.sub(r"ENGINE = (Summing|Replacing)MergeTree(\(([^)]*)\))?",
-                     lambda e: f"ENGINE = Replicated{e.group(1)}MergeTree('{path}', '{{replica}}'"
-                               + (f", {e.group(3)}" if e.group(3) else "") + ")", ddl)
-        out.append(ddl)
-        if (name in ROLLUP_TABLES and name != "scoring_state") or name == "contrib_log":
-            out.append(f"CREATE TABLE IF NOT EXISTS {{db}}.{name}_dist ON CLUSTER '{cluster}' AS {{db}}.{name} "
-                       f"ENGINE = Distributed('{cluster}', currentDatabase(), {name}, {_SHARD_KEY if name in ('contrib_log', 'contrib', 'traj_sample') else 'rand()'})")
-    for ddl in retention_ddl():
-        out.append(ddl.replace(" MODIFY TTL", f" ON CLUSTER '{cluster}' MODIFY TTL", 1))
-    return out
+    """The rollups' part of :func:`relyscope.store.schema.cluster_schema` (NOT run against a
+    server here; chDB has no clusters): every statement ``ON CLUSTER``; stored tables on
+    ``Replicated*MergeTree`` (with ``zk_path`` and ``{replica}`` macros); ``contrib_log`` stays
+    ``Null`` on every node with its views, and a ``contrib_log_dist`` Distributed table sharded by
+    trial id takes the inserts so both rows of a change (−old, +new) and a trial's ``contrib`` rows
+    land on one shard; reads go through ``<table>_dist`` Distributed tables (the per-task sums add
+    up across shards). :class:`Rollup` itself still reads and writes the local names."""
+    from relyscope.store.schema import Retention
+    from relyscope.store.schema import cluster_schema as full
+
+    mine = {re.match(r"\s*CREATE (?:TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", d).group(1)
+            for d in ROLLUP_SCHEMA if d.lstrip().startswith("CREATE")}
+    mine |= {f"{t}_dist" for t in mine}
+    return [d for d in full(cluster, Retention(), zk_path=zk_path)
+            if (m := re.match(r"\s*CREATE (?:TABLE|MATERIALIZED VIEW) IF NOT EXISTS \{db\}\.(\w+)", d))
+            and m.group(1) in mine]
 
 
 def level_for(window_s: float | None) -> tuple[int, int]:
@@ -228,9 +194,13 @@ class Rollup:
     safety not measured). ``judge``: whether LLM-judge verdicts count (a judge is configured).
     ``traj_sample``: M, the most recent successful runs per task used for C_traj (default 50).
     ``write_grades``: also store each changed trial's grade in the ``grades`` table.
-    Retention (:func:`retention_ddl`, applied at every start so a changed setting takes effect):
+    Retention (:func:`relyscope.store.schema.rollup_ttls`, reconciled at every start so a changed
+    setting takes effect, altered only where it differs):
     minute buckets are kept ``minute_ttl_days``, hour buckets ``hour_ttl_days``, the all-time
     bucket and the current contributions for ever, trajectory-sample rows ``traj_ttl_days``.
+    After the first successful :meth:`sync` (every trial stored until then is rolled up) it
+    applies the store's own retention to the tables the rollups are made from
+    (:meth:`relyscope.store.Store.apply_retention`; nothing when the store has none).
     Raises ValueError when the minute buckets would expire before the windows that read them.
     Thread-safety: ``sync`` is serialized; reads may run beside it.
     """
@@ -249,14 +219,19 @@ class Rollup:
         self.traj_sample = traj_sample
         self.write_grades = write_grades
         self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
+        self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
         self.undecided: list[Trial] = []
         for ddl in ROLLUP_SCHEMA:
             _command(store, ddl)
-        for ddl in retention_ddl(minute_ttl_days, hour_ttl_days, traj_ttl_days):
-            _command(store, ddl)
+        # only where the TTL differs: a MODIFY TTL rewrites the table's parts on a server
+        from relyscope.store.schema import apply_retention, rollup_ttls
+
+        with store._lock:
+            apply_retention(store._ready_client(), store.db,
+                            rollup_ttls(minute_ttl_days, hour_ttl_days, traj_ttl_days))
 
     # ---- watermarks -----------------------------------------------------------------------------
     def _state(self) -> dict[str, int]:
@@ -308,6 +283,12 @@ class Rollup:
             for i in range(0, len(tids), _BATCH):
                 changed |= self._refold(tids[i:i + _BATCH])
             self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj})
+            if not self._retention_applied:
+                # every trial stored before this sync is folded in now: only from here may the
+                # tables the rollups are made from expire (a store older than its rollups would
+                # otherwise lose its old trials at the first start, never rolled up)
+                self.store.apply_retention()
+                self._retention_applied = True
             self._seen.update((r[0], int(r[2])) for r in fresh)
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}

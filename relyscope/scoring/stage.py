@@ -129,6 +129,10 @@ class ScoreStage:
             except Exception:  # noqa: BLE001 - store may be down: retry next interval
                 log.exception("scoring failed")
                 first = not self.scores
+                # a failed first cycle is retried after an interval too: it used to be retried at
+                # once, burning a core and logging a traceback every few ms while the store was down
+                if first and self._stop.wait(self.settings.score_interval_s):
+                    break
 
     def load_trials(self, **filters) -> list[Trial]:
         """Trials from the store with their outcomes resolved (metrics.md §6). Filters as

@@ -16,6 +16,7 @@ exist) and ``StoreUnavailable`` when the store cannot be read.
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,7 +56,7 @@ def gate_side(trials: Sequence[Trial], policy: Any, label: str) -> GateSide:
 
 def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, candidate: str,
              policy: GatePolicy, safety_policy: Any = None, agent: str | None = None,
-             mode: str = "shadow") -> tuple[GateResult, dict[str, Any]]:
+             mode: str = "shadow", since_s: float | None = None) -> tuple[GateResult, dict[str, Any]]:
     """Gate ``candidate`` against ``baseline`` (agent versions).
 
     ``load(agent=…, version=…, run_kind=…)`` returns trials with outcomes resolved (metrics.md §6,
@@ -63,7 +64,10 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
     agents have these versions. Returns ``(result, experiment)``: the verdict, and what the
     experiment was — agent, run kinds, sandbox-miss and harness figures (also when they passed),
     and ``pending_replays`` (replays of either version still scheduled or running: the verdict may
-    still move). Raises UnknownVersion, ValueError (bad mode), StoreUnavailable.
+    still move). ``since_s`` (Unix seconds) scopes the experiment: only runs that ended at or
+    after it, and only replays scheduled at or after it, count — so a second experiment on the
+    same versions (a fixed sandbox, a re-run) is not mixed with the first. Raises
+    UnknownVersion, ValueError (bad mode), StoreUnavailable.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -74,12 +78,18 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
             base_kind = cand_kind = "canary"
     sides = {}
     for label, version, kind in (("baseline", baseline, base_kind), ("candidate", candidate, cand_kind)):
-        trials = load(agent=agent, version=version, run_kind=kind) if agent else load(version=version, run_kind=kind)
+        scope: dict[str, Any] = {"version": version, "run_kind": kind}
+        if agent:
+            scope["agent"] = agent
+        if since_s is not None:
+            scope["since_ns"] = int(since_s * 1e9)
+        trials = load(**scope)
         agents = sorted({t.agent_name for t in trials})
         if not trials:
             known = _known_versions(store, kind)
             raise UnknownVersion(f"{label} version {version!r} has no {kind} runs"
                                  + (f" of agent {agent!r}" if agent else "")
+                                 + (f" since {_iso(since_s)}" if since_s is not None else "")
                                  + (f"; versions with {kind} runs: {', '.join(known)}" if known else
                                     f"; no {kind} runs are stored yet"))
         if len(agents) > 1:
@@ -91,11 +101,12 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
     sandbox = harness = None
     a = agent or sides["candidate"][0].agent_name
     experiment: dict[str, Any] = {"agent": a, "run_kinds": {"baseline": base_kind, "candidate": cand_kind},
-                                  "pending_replays": 0, "sandbox": None, "harness": None}
+                                  "pending_replays": 0, "sandbox": None, "harness": None,
+                                  "since": None if since_s is None else _iso(since_s)}
     if mode == "shadow":
         ledger = ShadowLedger(store)
-        n_b, m_b = ledger.sandbox_stats(baseline, agent=a)
-        n_c, m_c = ledger.sandbox_stats(candidate, agent=a)
+        n_b, m_b = ledger.sandbox_stats(baseline, agent=a, since_s=since_s)
+        n_c, m_c = ledger.sandbox_stats(candidate, agent=a, since_s=since_s)
         # each side on its own: pooling would let a baseline without misses hide the candidate's
         sandbox = max((SandboxStats(replays=n, sandbox_misses=m) for n, m in ((n_b, m_b), (n_c, m_c))),
                       key=lambda x: (x.miss_rate if x.replays else -1.0))
@@ -111,7 +122,8 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
         harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing, expected=min(hc.expected, hc.replays),
                                variance=hc.variance) if hc.replays else None
         pending = [r for v in (baseline, candidate)
-                   for r in ledger.replays(status=("scheduled", "running"), target_version=v, agent=a, limit=100_000)]
+                   for r in ledger.replays(status=("scheduled", "running"), target_version=v, agent=a,
+                                           limit=100_000, since_s=since_s)]
         experiment["pending_replays"] = len(pending)
         experiment["sandbox"] = {"replays": sandbox.replays, "sandbox_misses": sandbox.sandbox_misses,
                                  "miss_rate": None if not sandbox.replays else sandbox.miss_rate,
@@ -123,6 +135,47 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
                                      "upper_bound": round(harness.relative_agreement_upper, 4),
                                      "min": policy.min_harness_agreement}
     return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness), experiment
+
+
+def parse_since(value: str | float | None, *, now: float | None = None) -> float | None:
+    """The start of an experiment's scope, Unix seconds: a duration back from now (``"90m"``,
+    ``"2h"``, ``"1d"``: ``<n>s|m|h|d``), an ISO 8601 time (``"2026-12-01T10:00:00Z"``; no zone
+    means UTC) or Unix seconds (a number). None → None (no scope). Raises ValueError saying what
+    forms are accepted."""
+    import datetime as _dt
+
+    from relyscope.scoring.windows import parse_windows
+
+    if value is None:
+        return None
+    now = time.time() if now is None else now
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        (_, length), = parse_windows(text)
+        if length is not None:
+            return now - length
+    except ValueError:
+        pass
+    try:
+        t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"since {value!r}: give a duration back from now (90m, 2h, 1d), an ISO 8601 "
+                         f"time (2026-12-01T10:00:00Z) or Unix seconds") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.timezone.utc)
+    return t.timestamp()
+
+
+def _iso(t: float) -> str:
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _kinds_of(store: Any, agent: str | None) -> set[str]:

@@ -20,6 +20,7 @@ production data is never touched. Thread-safety: the public methods are safe fro
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import secrets
@@ -44,9 +45,12 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per re
 
 class ShadowStage:
     """See the module docstring. ``proxy_base_url``: where replayed agents reach the API (the tool
-    proxy is ``{proxy_base_url}/shadow/v1/sessions/{token}/tool-calls``, a random token per attempt)."""
+    proxy is ``{proxy_base_url}/shadow/v1/sessions/{token}/tool-calls``, a random token per attempt).
+    ``state_path``: a JSON file that keeps the operator's pause across restarts (the sidecar puts
+    it beside the spool, ``<spool dir>.shadow.json``); None keeps it in memory only."""
 
-    def __init__(self, settings: Settings, store: Store, policy: Any = None, *, proxy_base_url: str):
+    def __init__(self, settings: Settings, store: Store, policy: Any = None, *, proxy_base_url: str,
+                 state_path: str | None = None):
         from relyscope.shadow.faults import FaultInjector
 
         s = settings
@@ -61,7 +65,9 @@ class ShadowStage:
         self.injector = FaultInjector(s.shadow_p_fault, s.shadow_fault_mix or FAULT_MIX,
                                       timeout_s=s.shadow_fault_timeout_s,
                                       retry_after_s=s.shadow_fault_retry_after_s)  # tools: globs, per session
-        self.paused = s.shadow_paused
+        self.state_path = state_path
+        self.last_error: str | None = None
+        self.paused = s.shadow_paused or bool(self._load_state().get("paused"))
         self.sessions: dict[str, SandboxSession] = {}
         self.running: set[str] = set()
         self.counts: dict[str, collections.Counter] = {
@@ -76,7 +82,6 @@ class ShadowStage:
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=s.shadow_concurrency, thread_name_prefix="relyscope-replay")
         self._hour: tuple[int, dict[str, int]] | None = None
-        self.last_error: str | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,13 +99,48 @@ class ShadowStage:
             self._thread.join(timeout_s)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def pause(self) -> None:
-        """Stop sampling and dispatching (replays in flight finish)."""
+    def pause(self) -> bool:
+        """Stop sampling and dispatching (replays in flight finish); the pause outlives a restart
+        (``state_path``). Returns whether it was written durably (False: in memory only, the
+        reason in ``last_error``)."""
         self.paused = True
+        return self._save_state()
 
-    def resume(self) -> None:
+    def resume(self) -> bool:
+        """Undo :meth:`pause` (also a pause kept from before a restart). Returns as pause does."""
         self.paused = False
         self._wake.set()
+        return self._save_state()
+
+    def _load_state(self) -> dict:
+        if not self.state_path:
+            return {}
+        try:
+            with open(self.state_path, encoding="utf-8") as f:
+                state = json.load(f)
+            return state if isinstance(state, dict) else {}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:  # unreadable: start as configured, say why
+            self.last_error = f"shadow state {self.state_path} unreadable ({e}); using RELYSCOPE_SHADOW_PAUSED"
+            log.warning(self.last_error)
+            return {}
+
+    def _save_state(self) -> bool:
+        if not self.state_path:
+            return False
+        tmp = f"{self.state_path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"paused": self.paused, "at": time.time()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.state_path)
+            return True
+        except OSError as e:
+            self.last_error = f"shadow state not saved to {self.state_path}: {e}"
+            log.warning(self.last_error)
+            return False
 
     def kick(self) -> None:
         """Run a tick now instead of at the next interval."""

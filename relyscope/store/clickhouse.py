@@ -18,6 +18,13 @@ Tables (database ``relyscope`` unless the DSN names one):
 
 Reads use ``FINAL`` so replaced rows never count twice.
 
+Retention: ``Store(..., retention=Retention(...))`` (the sidecar) gives ``otel_traces`` and
+``scores`` their TTLs at each (re)connect (:mod:`relyscope.store.schema`; all DDL, and the
+cluster variant, are listed there); the tables the rollups are made from
+(:data:`ROLLED_UP_TABLES`) get theirs only from :meth:`Store.apply_retention`, which the rollups
+call once they have folded every stored trial — a store that predates the rollups would otherwise
+lose its old trials before they were ever rolled up. Without ``retention`` TTLs are left alone.
+
 Errors (:mod:`relyscope.store.errors`): :class:`StoreUnavailable` is retryable (the store is down,
 or refused a write for a reason that passes), :class:`StoreRejected` permanent (the rows can never
 be stored). Span and trial inserts raise either; every other call raises StoreUnavailable only.
@@ -38,7 +45,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from urllib.parse import urlparse
 
 import clickhouse_connect
@@ -46,6 +53,9 @@ import clickhouse_connect
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
 from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
+
+if TYPE_CHECKING:
+    from relyscope.store.schema import Retention
 
 __all__ = ["Store", "StoreError", "StoreUnavailable", "StoreRejected", "open_store", "resolve_dsn", "chdb_path"]
 
@@ -191,6 +201,14 @@ SCHEMA = [
     ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY replay_id""",
 ]
 
+#: the tables of :data:`SCHEMA` (retention: relyscope.store.schema)
+STORE_TABLES = ("otel_traces", "trials", "outcomes", "scores", "judgements", "grades", "shadow_samples",
+                "shadow_replays")
+#: what the rollups are made from (trials, the outcomes and verdicts that resolve them, the replay
+#: ledger that resolves replays; grades go with their trials): expired only once rolled up
+ROLLED_UP_TABLES = ("trials", "outcomes", "judgements", "grades", "shadow_samples", "shadow_replays")
+
+
 def _migrate(client, db: str) -> None:
     """Bring tables created by an older version to the current schema (idempotent).
 
@@ -244,8 +262,11 @@ class Store:
     """
 
     def __init__(self, dsn: str, *, database: str = "relyscope", fault_file: str | None = None,
-                 lazy: bool = False):
+                 lazy: bool = False, retention: "Retention | None" = None):
         self.dsn = resolve_dsn(dsn)
+        #: :class:`relyscope.store.schema.Retention` applied to the store's tables at every
+        #: (re)connect; None (one-off CLI reads): existing TTLs are left as they are
+        self.retention = retention
         self.fault_file = fault_file
         self._lock = threading.RLock()
         parsed = urlparse(self.dsn)
@@ -277,6 +298,8 @@ class Store:
             for ddl in SCHEMA:
                 client.command(ddl.format(db=self.db))
             _migrate(client, self.db)
+            if self.retention is not None:
+                self._apply_retention(client, [t for t in STORE_TABLES if t not in ROLLED_UP_TABLES])
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
             if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
                 raise StoreUnavailable(
@@ -284,6 +307,27 @@ class Store:
                     "one process open a data directory; ask the running sidecar with --api instead)") from e
             raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
         self._client = client
+
+    def _apply_retention(self, client, tables) -> list[str]:
+        from relyscope.store.schema import apply_retention, ttl_clauses
+
+        ttl = ttl_clauses(self.retention)
+        return apply_retention(client, self.db, {t: ttl[t] for t in tables})
+
+    def apply_retention(self, tables: Iterable[str] = ROLLED_UP_TABLES) -> list[str]:
+        """Give ``tables`` the TTLs of ``self.retention`` (only those that differ are altered);
+        returns the statements run; nothing without a retention. Call for
+        :data:`ROLLED_UP_TABLES` only when the rollups hold every trial stored so far
+        (:meth:`relyscope.scoring.rollup.Rollup.sync` does). Raises StoreUnavailable."""
+        if self.retention is None:
+            return []
+        try:
+            with self._lock:
+                return self._apply_retention(self._ready_client(), list(tables))
+        except StoreUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise StoreUnavailable(f"applying retention failed: {e}") from e
 
     def _ready_client(self):
         """The client, reconnecting a server store that was down. Call with the lock held."""

@@ -119,9 +119,13 @@ class ShadowLedger:
     def replays(self, *, status: str | Iterable[str] | None = None, shadow_of: str | None = None,
                 replay_ids: Iterable[str] | None = None, target_version: str | None = None,
                 agent: str | None = None, limit: int = 1000, with_calls: bool = False,
-                oldest_first: bool = False) -> list[dict]:
-        """Replay rows (latest version of each), newest first unless ``oldest_first``."""
+                oldest_first: bool = False, since_s: float | None = None) -> list[dict]:
+        """Replay rows (latest version of each), newest first unless ``oldest_first``; only those
+        scheduled at or after ``since_s`` (Unix seconds) when given."""
         where, params = ["1"], {"lim": limit}
+        if since_s is not None:
+            where.append("scheduled_at >= fromUnixTimestamp64Milli(%(since)s)")
+            params["since"] = int(since_s * 1000)
         if status is not None:
             where.append("status IN %(st)s")
             params["st"] = [status] if isinstance(status, str) else sorted(set(status))
@@ -177,15 +181,20 @@ class ShadowLedger:
             f"SELECT status, count() FROM {{db}}.shadow_replays FINAL WHERE {where} GROUP BY status", params)
         return {r[0]: int(r[1]) for r in rows}
 
-    def sandbox_stats(self, target_version: str, *, agent: str | None = None) -> tuple[int, int]:
+    def sandbox_stats(self, target_version: str, *, agent: str | None = None,
+                      since_s: float | None = None) -> tuple[int, int]:
         """(replays that ran — completed, failed or sandbox_miss —, those with a sandbox miss) of one
-        target version. Replays that never reached the agent (error, timeout, cancelled) say
-        nothing about the sandbox and are not counted."""
+        target version, scheduled at or after ``since_s`` (Unix seconds) when given. Replays that
+        never reached the agent (error, timeout, cancelled) say nothing about the sandbox and are
+        not counted."""
         where, params = ["target_version = %(v)s", "status IN %(fin)s"], {"v": target_version,
                                                                           "fin": ["completed", "failed", "sandbox_miss"]}
         if agent:
             where.append("agent = %(a)s")
             params["a"] = agent
+        if since_s is not None:
+            where.append("scheduled_at >= fromUnixTimestamp64Milli(%(since)s)")
+            params["since"] = int(since_s * 1000)
         r = self.store.query(
             f"SELECT count(), countIf(n_miss > 0 OR status = 'sandbox_miss') FROM {{db}}.shadow_replays FINAL "
             f"WHERE {' AND '.join(where)}", params)[0]

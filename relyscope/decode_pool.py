@@ -1,0 +1,187 @@
+"""Decode spool records in worker processes, results handed back in spool order.
+
+The embedded chDB store can be opened by one process only, so the sidecar's main process keeps
+the spool, the store, assembly and inserts; what moves out is the CPU-bound decode of spool
+records (the GIL binds threads). :class:`DecodePool` runs a picklable callable ``fn(payload) ->
+result`` in ``workers`` processes (multiprocessing ``spawn``: no fork of a process holding chDB,
+gRPC and threads). :class:`OrderedPrefetch` keeps a bounded window of records submitted ahead of
+the one the caller needs and returns results strictly in sequence order, so whatever the caller
+does with them — store, assemble, commit — happens in the same order as with an in-thread
+decode; a record is decoded wholly by one process, and a whole trace is still assembled by the
+caller alone.
+
+Nothing here acknowledges or commits anything: a result lost with a worker (killed, crashed)
+is decoded again from the same payload in the calling thread (:meth:`OrderedPrefetch.take`
+falls back and restarts the pool), and a crash of the main process leaves the spool as it was.
+Worker processes exit within ``_PARENT_POLL_S`` when the process that started them dies
+(``kill -9`` included), so no orphan outlives the sidecar.
+
+Errors: an exception raised by ``fn`` in a worker is re-raised by :meth:`OrderedPrefetch.take`
+(as with an in-thread call); a broken pool (a worker died) is not an error to the caller.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable
+
+__all__ = ["DecodePool", "OrderedPrefetch"]
+
+log = logging.getLogger("relyscope.decode_pool")
+
+_PARENT_POLL_S = 0.5
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Worker initializer: exit as soon as the parent is gone (its pid is no longer our parent)."""
+
+    def run() -> None:
+        while True:
+            time.sleep(_PARENT_POLL_S)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=run, name="relyscope-parent-watch", daemon=True).start()
+
+
+class DecodePool:
+    """``workers`` processes running ``fn(payload)``; ``fn`` and its results must be picklable.
+
+    ``submit`` returns a :class:`concurrent.futures.Future`. ``restart`` replaces a broken pool;
+    ``close`` stops the processes (pending work is cancelled). Not thread-safe: one caller thread.
+    """
+
+    def __init__(self, fn: Callable[[bytes], Any], workers: int, *, start_method: str = "spawn"):
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.fn = fn
+        self.workers = workers
+        self._ctx = multiprocessing.get_context(start_method)
+        self._ex = self._new()
+
+    def _new(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx,
+                                   initializer=_watch_parent, initargs=(os.getpid(),))
+
+    def submit(self, payload: bytes) -> Future:
+        """Queue ``fn(payload)``. Raises BrokenProcessPool if a worker died (then :meth:`restart`)."""
+        return self._ex.submit(self.fn, payload)
+
+    def restart(self) -> None:
+        """Drop the current processes (a broken pool) and start new ones."""
+        self._ex.shutdown(wait=False, cancel_futures=True)
+        self._ex = self._new()
+
+    def close(self) -> None:
+        self._ex.shutdown(wait=True, cancel_futures=True)
+
+    def pids(self) -> list[int]:
+        """Pids of the live worker processes (tests)."""
+        return [p.pid for p in (getattr(self._ex, "_processes", None) or {}).values() if p.is_alive()]
+
+
+class OrderedPrefetch:
+    """A window of spool records decoded ahead by a :class:`DecodePool`, taken in sequence order.
+
+    ``take(seq, fetch)`` returns ``(rseq, result, payload)`` for the first record with sequence
+    ``>= seq`` (``rseq > seq`` when records in between are unreadable — as the spool's own
+    ``read_from`` skips them), or None when ``fetch`` has nothing at or after ``seq``.
+    ``fetch(s)`` is the caller's source: ``(rseq, item)`` for the first available record with
+    sequence ``>= s`` — ``item`` a payload (``bytes``, decoded by the pool) or an
+    already-decoded result (passed through) — or None. A ``seq`` outside the window (the caller
+    rewound after a failed store write, or skipped ahead) drops the window and starts over at
+    ``seq``, so every take reflects what ``fetch`` returns then.
+
+    At most ``max_records`` records and ``max_bytes`` of payload are in flight (at least one).
+    """
+
+    def __init__(self, pool: DecodePool, *, max_records: int, max_bytes: int):
+        self.pool = pool
+        self.max_records = max(1, max_records)
+        self.max_bytes = max_bytes
+        # seq -> (Future or decoded result, payload or None); keys increasing
+        self._ahead: collections.OrderedDict[int, tuple[Any, bytes | None]] = collections.OrderedDict()
+        self._from = 0  # the window covers sequences [_from, _next)
+        self._next = 0
+        self._bytes = 0
+        self.fallbacks = 0  # results decoded in the calling thread after a worker died
+
+    def reset(self, seq: int) -> None:
+        for fut, _ in self._ahead.values():
+            if isinstance(fut, Future):
+                fut.cancel()
+        self._ahead.clear()
+        self._bytes = 0
+        self._from = self._next = seq
+
+    def _fill(self, fetch: Callable[[int], tuple[int, Any] | None]) -> None:
+        while len(self._ahead) < self.max_records and (not self._ahead or self._bytes < self.max_bytes):
+            got = fetch(self._next)
+            if got is None:
+                return
+            rseq, item = got
+            if isinstance(item, (bytes, bytearray, memoryview)):
+                try:
+                    fut: Any = self.pool.submit(item)
+                except BrokenProcessPool:
+                    self._broken()
+                    fut = None  # decoded in the calling thread when taken
+                self._ahead[rseq] = (fut, item)
+                self._bytes += len(item)
+            else:
+                self._ahead[rseq] = (item, None)
+            self._next = rseq + 1
+
+    def _broken(self) -> None:
+        """A worker died: new processes; what was in flight on the old ones is submitted again
+        (or, if that fails too, decoded in the calling thread when taken)."""
+        log.warning("a decode worker died; restarting the pool and resubmitting %d records", len(self._ahead))
+        try:
+            self.pool.restart()
+        except Exception:  # noqa: BLE001 - keep going in-thread
+            log.exception("restarting the decode pool failed")
+        for rseq, (fut, payload) in list(self._ahead.items()):
+            if payload is None or (isinstance(fut, Future) and fut.done() and not fut.cancelled()
+                                   and fut.exception() is None):
+                continue
+            try:
+                self._ahead[rseq] = (self.pool.submit(payload), payload)
+            except Exception:  # noqa: BLE001
+                self._ahead[rseq] = (None, payload)
+
+    def take(self, seq: int, fetch: Callable[[int], tuple[int, Any] | None]) -> tuple[int, Any, bytes | None] | None:
+        if not (self._from <= seq <= self._next):
+            self.reset(seq)
+        while self._ahead and next(iter(self._ahead)) < seq:  # processed meanwhile (skipped records)
+            _, (fut, payload) = self._ahead.popitem(last=False)
+            self._bytes -= len(payload) if payload is not None else 0
+            if isinstance(fut, Future):
+                fut.cancel()
+        self._from = seq
+        self._fill(fetch)
+        if not self._ahead:
+            return None
+        rseq, (fut, payload) = self._ahead.popitem(last=False)
+        self._bytes -= len(payload) if payload is not None else 0
+        self._from = rseq + 1
+        if payload is None:  # passed through, already decoded
+            res = fut
+        elif fut is None:
+            self.fallbacks += 1
+            res = self.pool.fn(payload)
+        else:
+            try:
+                res = fut.result()
+            except BrokenProcessPool:
+                self._broken()
+                self.fallbacks += 1
+                res = self.pool.fn(payload)
+        self._fill(fetch)  # keep the workers busy while the caller stores this one
+        return rseq, res, payload

@@ -1,0 +1,206 @@
+"""Spool records decoded in worker processes (relyscope.decode_pool) equal the in-thread decode.
+
+The oracle is the in-thread call of the same function (``decode_spool_record``, what the worker
+thread runs with ``decode_workers = 1``): every payload below — protobuf with every value type,
+events, links, rejected and duplicate spans, OTLP/JSON, an unusable body — must come back from the
+pool equal field by field, in spool order, also across a rewind (a failed store write), skipped
+(unreadable) sequences and a worker process killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import time
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from relyscope.collector.otlp import DecodeResult, Limits
+from relyscope.decode_pool import DecodePool, OrderedPrefetch
+from relyscope.collector.records import decode_spool_record
+
+
+def _kv(kvs, key, value) -> None:
+    a = kvs.add()
+    a.key = key
+    _set(a.value, value)
+
+
+def _set(av, v) -> None:
+    if isinstance(v, bool):
+        av.bool_value = v
+    elif isinstance(v, int):
+        av.int_value = v
+    elif isinstance(v, float):
+        av.double_value = v
+    elif isinstance(v, str):
+        av.string_value = v
+    elif isinstance(v, bytes):
+        av.bytes_value = v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _kv(av.kvlist_value.values, k, x)
+    else:
+        for x in v:
+            _set(av.array_value.values.add(), x)
+
+
+def proto_record(n: int, salt: int) -> bytes:
+    """A protobuf spool record (tag ``P``) of ``n`` spans with every attribute type, events and
+    links; span 3 has no trace id (rejected), span 5 repeats span 4's id (duplicate in batch)."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    _kv(rs.resource.attributes, "service.name", f"svc-{salt}")
+    ss = rs.scope_spans.add()
+    ss.scope.name, ss.scope.version = "pool-test", "1"
+    for i in range(n):
+        sp = ss.spans.add()
+        sp.trace_id = b"" if i == 3 else bytes([1 + salt % 200]) + (i // 4).to_bytes(15, "big")
+        sp.span_id = (i if i != 5 else 4).to_bytes(8, "big") if i else b"\x00" * 7 + b"\x09"
+        if i % 4:
+            sp.parent_span_id = (i - i % 4).to_bytes(8, "big") or b"\x00" * 7 + b"\x09"
+        sp.name = ["invoke_agent a", "chat m", "execute_tool t", "chat m"][i % 4]
+        sp.kind = i % 5
+        sp.start_time_unix_nano = 1_760_000_000_000_000_000 + i * 1000 + salt
+        sp.end_time_unix_nano = sp.start_time_unix_nano + (900 if i % 7 else -5)  # end before start
+        for k, v in (("gen_ai.operation.name", sp.name.split()[0]), ("text", "é" * (i % 4)),
+                     ("gen_ai.usage.input_tokens", 10 + i), ("list", ["a", 1, 2.5]),
+                     ("map", {"x": 1, "y": ["z"]}), ("gen_ai.request.temperature", 0.25),
+                     ("flag", i % 2 == 0), ("blob", b"\x00\xff")):
+            _kv(sp.attributes, k, v)
+        ev = sp.events.add()
+        ev.name, ev.time_unix_nano = "gen_ai.evaluation.result", sp.end_time_unix_nano
+        _kv(ev.attributes, "gen_ai.evaluation.score.value", 0.5)
+        ln = sp.links.add()
+        ln.trace_id, ln.span_id = b"\x07" * 16, b"\x08" * 8
+        sp.status.code = i % 3
+        sp.status.message = "boom" if i % 3 == 2 else ""
+    return b"P" + req.SerializeToString()
+
+
+def json_record(salt: int) -> bytes:
+    body = {"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "json-svc"}}]},
+        "scopeSpans": [{"scope": {"name": "j"}, "spans": [{
+            "traceId": f"{salt + 1:032x}", "spanId": f"{i + 1:016x}", "name": "chat m", "kind": 3,
+            "startTimeUnixNano": str(10**18 + i), "endTimeUnixNano": str(10**18 + i + 5),
+            "attributes": [{"key": "gen_ai.usage.output_tokens", "value": {"intValue": str(i)}}]}
+            for i in range(6)]}]}]}
+    return b"J" + json.dumps(body).encode()
+
+
+RECORDS = [proto_record(40, 1), json_record(2), b"P" + b"\xff\xfe not protobuf", proto_record(13, 3),
+           proto_record(1, 4), b"J{not json", proto_record(64, 5)]
+LIMITS = Limits(max_attributes=5, max_attribute_length=2)  # limits must reach the workers too
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = DecodePool(functools.partial(decode_spool_record, limits=LIMITS), 2)
+    yield p
+    p.close()
+
+
+def _in_thread(payload: bytes) -> DecodeResult:
+    return decode_spool_record(payload, LIMITS)
+
+
+def test_records_are_not_trivial():
+    """The oracle itself: the payloads exercise rejection, repairs, limits and the empty result."""
+    got = [_in_thread(r) for r in RECORDS]
+    # 40 spans: one without a trace id (rejected), one duplicate id in the batch (last wins)
+    assert len(got[0].spans) == 38 and [len(g.spans) for g in got[1:]] == [6, 0, 11, 1, 0, 62]
+    assert got[0].rejected == 1 and got[0].warnings["duplicate_in_batch"] == 1
+    assert got[0].attributes_dropped > 0 and any("truncated_attribute" in s.flags for s in got[0].spans)
+    assert any("end_before_start" in s.flags for s in got[0].spans)
+    assert got[1].spans and got[1].spans[0].attributes["gen_ai.usage.output_tokens"] == 0
+    assert got[2] == DecodeResult() and got[5] == DecodeResult()
+
+
+def test_pool_results_equal_in_thread_decoding(pool):
+    futs = [pool.submit(r) for r in RECORDS]
+    for rec, fut in zip(RECORDS, futs):
+        assert fut.result(timeout=120) == _in_thread(rec)
+
+
+def _source(records: dict[int, object]):
+    def fetch(s: int):
+        keys = sorted(k for k in records if k >= s)
+        return (keys[0], records[keys[0]]) if keys else None
+    return fetch
+
+
+def test_prefetch_returns_spool_order_across_rewind_and_gaps(pool):
+    # seq 4 and 9 unreadable (absent from the source); seq 6 handed over already decoded
+    recs = {i: RECORDS[i % len(RECORDS)] for i in range(1, 13) if i not in (4, 9)}
+    pre_decoded = _in_thread(RECORDS[0])
+    recs[6] = pre_decoded
+    fetch = _source(recs)
+    pf = OrderedPrefetch(pool, max_records=3, max_bytes=1 << 20)
+    seen = []
+    seq = 1
+    rewound = False
+    while (got := pf.take(seq, fetch)) is not None:
+        rseq, res, payload = got
+        want = recs[rseq]
+        assert res == (want if isinstance(want, DecodeResult) else _in_thread(want)), rseq
+        assert payload == (None if isinstance(want, DecodeResult) else want)
+        seen.append(rseq)
+        seq = rseq + 1
+        if rseq == 8 and not rewound:  # a failed store write: the caller starts again at 5
+            rewound, seq = True, 5
+    assert seen == [1, 2, 3, 5, 6, 7, 8, 5, 6, 7, 8, 10, 11, 12]
+    assert pf.take(13, fetch) is None
+
+
+def test_prefetch_survives_a_killed_worker(pool):
+    recs = {i: RECORDS[i % len(RECORDS)] for i in range(1, 30)}
+    fetch = _source(recs)
+    pf = OrderedPrefetch(pool, max_records=6, max_bytes=1 << 30)
+    seq, seen = 1, []
+    while (got := pf.take(seq, fetch)) is not None:
+        rseq, res, _ = got
+        assert res == _in_thread(recs[rseq])
+        seen.append(rseq)
+        seq = rseq + 1
+        if rseq == 3:
+            pids = pool.pids()
+            assert pids
+            os.kill(pids[0], signal.SIGKILL)
+            time.sleep(0.5)
+    assert seen == list(range(1, 30))
+    assert pool.pids() and pids[0] not in pool.pids()  # restarted
+
+
+def test_workers_exit_when_their_parent_dies(tmp_path):
+    """kill -9 of the process that owns the pool leaves no decode process behind."""
+    import subprocess
+    import sys
+
+    script = (
+        "import functools, sys, time\n"
+        "from relyscope.decode_pool import DecodePool\n"
+        "from relyscope.collector.records import decode_spool_record\n"
+        "from relyscope.collector.otlp import Limits\n"
+        "p = DecodePool(functools.partial(decode_spool_record, limits=Limits()), 2)\n"
+        "p.submit(b'P').result(60)\n"
+        "print(' '.join(map(str, p.pids())), flush=True)\n"
+        "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) >= 1
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+    deadline = time.monotonic() + 15
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
+                 "zombie" not in open(f"/proc/{p}/status").read().lower()]
+    assert not alive, f"decode workers outlived their parent: {alive}"
