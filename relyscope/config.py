@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged only when "
                                    "|Δ| exceeds this (and the alerting interval excludes 0)")
     drift_alert_level: float = Field(0.9998, gt=0, lt=1, description="two-sided level of the alerting interval "
-                                     "Δ ± z·se of the drift flag (bootstrap SE, CR1-corrected; 0.9998: z = 3.72); "
+                                     "Δ ± z·se of the drift flag (bootstrap SE, CR1-corrected; z: Student t, tasks − 1 df); "
                                      "measured false alarms per day in bench/README.md")
     drift_min_trials: int = Field(100, ge=0, description="valid complete trials the current drift window needs "
                                   "before drift can be flagged")
