@@ -207,3 +207,14 @@ def test_critical_value_is_students_t_with_tasks_minus_one_df():
     assert math.isnan(critical_value(0.95, 1))
     with pytest.raises(ValueError):
         critical_value(1.5, 10)
+
+
+def test_critical_value_is_students_t_with_tasks_minus_one_df():
+    from relyscope.scoring.drift import critical_value
+    # published two-sided t table: df 9 at 0.05 → 2.262, df 9 at 0.001 → 4.781, df 1 at 0.05 → 12.706
+    assert critical_value(0.95, 10) == pytest.approx(2.262, abs=5e-4)
+    assert critical_value(0.999, 10) == pytest.approx(4.781, abs=5e-4)
+    assert critical_value(0.95, 2) == pytest.approx(12.706, abs=5e-4)
+    assert math.isnan(critical_value(0.95, 1))
+    with pytest.raises(ValueError):
+        critical_value(1.5, 10)
