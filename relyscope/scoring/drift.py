@@ -42,6 +42,7 @@ of the bench uses.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ def _check_level(alert_level: float) -> None:
         raise ValueError("alert_level must be in (0, 1)")
 
 
+@functools.lru_cache(maxsize=4096)
 def critical_value(alert_level: float, n_tasks: int) -> float:
     """z of the alerting interval: the ``1 − (1 − alert_level)/2`` quantile of Student's t with
     ``n_tasks − 1`` degrees of freedom (NaN below 2 tasks). Raises ValueError for a level outside
