@@ -25,7 +25,8 @@ the same run:
    all are stored and ``relyscope_open_traces`` reaches N; peak RSS (``VmHWM``) vs idle.
 
 Run: ``.venv/bin/python bench/bench_ingest.py [--seconds 8] [--conns 4] [--traces 10000]
-[--drain-seconds 60] [--phases receiver,worker,memory] [--workers 1,2]``
+[--drain-seconds 60] [--phases receiver,worker,memory] [--workers 1,2] [--decoder fast|legacy]
+[--score-interval S]``
 """
 
 from __future__ import annotations
@@ -215,10 +216,15 @@ def phase_worker(root: Path, tmpl: bytes, args, workers: int = 1,
                  all_cores: bool = False) -> tuple[float, float, float]:
     """Store up: accepted spans/s while the worker competes, then the stored spans/s (end to end,
     and after the load stopped)."""
-    sc = Sidecar(root / f"b{workers}", {"RELYSCOPE_DECODE_WORKERS": str(workers)}, all_cores=all_cores)
+    env = {"RELYSCOPE_DECODE_WORKERS": str(workers)}
+    if args.decoder:
+        env["RELYSCOPE_INGEST_DECODER"] = args.decoder
+    if args.score_interval:
+        env["RELYSCOPE_SCORE_INTERVAL_S"] = str(args.score_interval)
+    sc = Sidecar(root / f"b{workers}", env, all_cores=all_cores)
     where = "cores 0-1" if all_cores else "core 0"
     print(f"-- {workers} decode worker{'s' if workers > 1 else ''} (RELYSCOPE_DECODE_WORKERS={workers}), "
-          f"sidecar on {where}")
+          f"sidecar on {where}, decoder {args.decoder or 'default'}")
     try:
         t0 = time.perf_counter()
         b = load(sc.http, tmpl, 0, args.seconds, args.conns)
@@ -294,6 +300,10 @@ def main() -> None:
     ap.add_argument("--phases", default="receiver,worker,memory")
     ap.add_argument("--workers", default="1",
                     help="comma list of RELYSCOPE_DECODE_WORKERS values for the worker phase")
+    ap.add_argument("--decoder", default="", help="the worker's decode path in the worker phase "
+                    "(RELYSCOPE_INGEST_DECODER: fast, the default, or legacy)")
+    ap.add_argument("--score-interval", type=float, default=0.0,
+                    help="RELYSCOPE_SCORE_INTERVAL_S of the worker phase (default 5: the scorer competes)")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     if (os.cpu_count() or 1) > 1:

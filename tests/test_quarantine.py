@@ -26,6 +26,11 @@ SCRIPT = textwrap.dedent("""
                 raise StoreRejected("refused: poison", 53)
             return super().insert_spans(spans)
 
+        def insert_span_columns(self, cols):  # the worker's hot path (ingest_decoder=fast) writes this
+            if "poison" in cols.name:
+                raise StoreRejected("refused: poison", 53)
+            return super().insert_span_columns(cols)
+
     root = sys.argv[1]
     st = PoisonStore(f"chdb://{root}/data")
     p = Pipeline(Settings(store=f"chdb://{root}/data", spool_dir=f"{root}/spool", grace_period_s=0,

@@ -1,0 +1,283 @@
+"""The worker's hot path (relyscope.collector.fastpath: key-table normalizer, columnar Arrow insert)
+against the reference path it replaced (decode_http → Redactor → normalize → row insert), which
+stays selectable (``ingest_decoder="legacy"``) and is the oracle here.
+
+Both pipelines run on the same chDB engine (one database each), are fed the same requests through
+``Pipeline.accept`` and drained by the worker's own loop; then the stored ``otel_traces`` rows
+(every column but the write time ``IngestedAt``), the stored trials (every column but the write
+version) and the reply / counters must be equal — on the benchmark payload (protobuf, gzip,
+OTLP/JSON), every bug case in shared/data/bugcases (with the settings the case names), every
+recorded emitter file in shared/data/spans (OTLP/JSON and protobuf), with redaction on, and under
+tight attribute limits (truncation, count limit: the partial-success accounting).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import gzip
+import json
+import pickle
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from relyscope.collector import fastpath
+from relyscope.collector.normalize import normalize
+from relyscope.collector.normalize.fast import OTHER_KEYS, normalize_fast
+from relyscope.collector.normalize.versions import CONVENTIONS
+from relyscope.collector.otlp import Limits, OTLPRequestError, decode_http
+from relyscope.collector.otlp import _decompress
+from relyscope.collector.redaction import Redactor
+from relyscope.config import Settings
+from relyscope.model import CanonicalSpan, SpanEvent
+from relyscope.pipeline import Pipeline
+from relyscope.store import Store
+
+from conftest import DATA
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_ingest_decode import _to_otlp_json, build_request  # noqa: E402
+
+CASES = DATA / "bugcases"
+SPANS = DATA / "spans"
+PB = {"Content-Type": "application/x-protobuf"}
+JS = {"Content-Type": "application/json"}
+CLOCK = 1_000.0  # a fixed clock: finalization (grace 0) happens at the same pass on both sides
+
+
+@pytest.fixture(scope="module")
+def chdb_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fastpath")
+
+
+def _run(root: Path, decoder: str, requests: list[tuple[dict, bytes]], **settings):
+    db = f"fp_{decoder}_{uuid.uuid4().hex[:8]}"
+    store = Store(f"chdb://{root}/data", database=db)
+    st = Settings(store=store.dsn, spool_dir=str(root / f"spool-{db}"), grace_period_s=0.0,
+                  ingest_decoder=decoder, **settings)
+    p = Pipeline(st, store, clock=lambda: CLOCK)
+    replies = []
+    for headers, body in requests:
+        try:
+            v = p.accept(body, headers.get("Content-Type"), headers.get("Content-Encoding"))
+            replies.append((v.accepted, v.rejected, v.errors, v.error_message()))
+        except OTLPRequestError as e:
+            replies.append((e.http_status, e.message))
+    for _ in range(10_000):
+        if p._queue_empty():
+            break
+        p._work_once()
+    assert p._queue_empty()
+    assert p._finalize_all()
+    spans = store.query("SELECT * EXCEPT IngestedAt FROM {db}.otel_traces FINAL ORDER BY TraceId, SpanId")
+    trials = store.query("SELECT * EXCEPT version_ns FROM {db}.trials FINAL ORDER BY trial_id")
+    stats = (p.stats.accepted, dict(p.stats.rejected), dict(p.stats.warnings), p.stats.deduplicated,
+             p.stats.trials_finalized)
+    p.spool.close()
+    store.close()
+    return replies, spans, trials, stats
+
+
+def _same_semantics(requests, **settings) -> None:
+    """Per request: the hot path's semantics equal ``normalize`` of the redacted full spans (most
+    SpanSemantics fields never reach a stored row, so the rows alone would not show a difference)."""
+    st = Settings(**settings)
+    lim = Limits(max_body_bytes=st.max_body_bytes, max_attributes=st.max_attributes,
+                 max_attribute_length=st.max_attribute_length)
+    red = Redactor(st.redact_deny, st.redact_patterns)
+    for headers, body in requests:
+        ct, enc = headers.get("Content-Type"), headers.get("Content-Encoding")
+        try:
+            full = decode_http(body, ct, enc, lim)
+        except OTLPRequestError:
+            continue
+        tag = b"J" if "json" in ct else b"P"
+        fast = fastpath.decode_record(tag + _decompress(body, enc, lim), lim, red)
+        assert fast.semantics == [normalize(red.apply(s)) for s in full.spans]
+
+
+def _same(root: Path, requests, **settings) -> tuple:
+    _same_semantics(requests, **settings)
+    legacy = _run(root, "legacy", requests, **settings)
+    fast = _run(root, "fast", requests, **settings)
+    assert fast[0] == legacy[0], "replies differ"
+    assert fast[1] == legacy[1], "stored spans differ"
+    assert fast[2] == legacy[2], "stored trials differ"
+    assert fast[3] == legacy[3], "counters differ"
+    return legacy
+
+
+# ---- payloads ----------------------------------------------------------------------------------
+
+def _bench_requests() -> list[tuple[dict, bytes]]:
+    req = build_request(64)
+    body = req.SerializeToString()
+    return [(PB, body), ({**PB, "Content-Encoding": "gzip"}, gzip.compress(body, mtime=0)),
+            (JS, _to_otlp_json(req).replace(b"sess-", b"json-"))]
+
+
+def _case_requests(path: Path) -> list[tuple[dict, bytes]]:
+    out = []
+    for r in json.loads(path.read_text())["requests"]:
+        if "body_file" in r:
+            body = (CASES / r["body_file"]).read_bytes()
+        elif "body" in r:
+            body = json.dumps(r["body"]).encode()
+        else:
+            continue
+        out.append((dict(r["headers"]), body))
+    return out
+
+
+def _case_settings(path: Path) -> dict:
+    env = (json.loads(path.read_text()).get("sidecar") or {}).get("env") or {}
+    out = {}
+    for k, v in env.items():
+        name = k.removeprefix("RELYSCOPE_").lower()
+        if name in Settings.model_fields:
+            out[name] = v
+    return out
+
+
+def _hex_to_b64(doc):
+    """OTLP/JSON (hex ids) → the protobuf JSON mapping (base64 bytes), for json_format.Parse."""
+    doc = copy.deepcopy(doc)
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for sp in ss.get("spans", []):
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if sp.get(k):
+                        sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+                for ln in sp.get("links", []):
+                    for k in ("traceId", "spanId"):
+                        if ln.get(k):
+                            ln[k] = base64.b64encode(bytes.fromhex(ln[k])).decode()
+    return doc
+
+
+def _spans_file_requests() -> list[tuple[dict, bytes]]:
+    out = []
+    for f in sorted(SPANS.glob("*.json")):
+        raw = f.read_bytes()
+        out.append((JS, raw))
+        try:
+            msg = json_format.ParseDict(_hex_to_b64(json.loads(raw)), ExportTraceServiceRequest(),
+                                        ignore_unknown_fields=True)
+        except json_format.ParseError:  # a value protobuf cannot hold (an int64 over 2^63): JSON only
+            continue
+        out.append((PB, msg.SerializeToString()))
+    return out
+
+
+CASE_FILES = sorted(p for p in CASES.glob("*.json") if not p.name.startswith("C11"))
+
+
+# ---- both paths, same stored rows ---------------------------------------------------------------
+
+def test_bench_payload_same_rows_and_trials(chdb_dir):
+    replies, spans, trials, _ = _same(chdb_dir, _bench_requests())
+    assert len(spans) == 64  # the gzip and JSON requests re-send the same ids (the last one wins)
+    assert len(trials) == 4 and all(r[0] == 64 for r in replies)  # 16 spans per trace
+
+
+@pytest.mark.parametrize("case", CASE_FILES, ids=lambda p: p.stem)
+def test_bug_cases_same_rows_and_trials(chdb_dir, case):
+    _same(chdb_dir, _case_requests(case), **_case_settings(case))
+
+
+def test_c11_large_attribute_same_rows(chdb_dir):
+    # C11 names a ~6 MiB body that is not shipped: one span whose gen_ai.input.messages holds it
+    text = "x" * (6 << 20)
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "c1" * 16, "spanId": "c2" * 8, "name": "chat", "startTimeUnixNano": "1",
+        "endTimeUnixNano": "2", "attributes": [
+            {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+            {"key": "gen_ai.input.messages", "value": {"stringValue": text}}]}]}]}]}
+    _same(chdb_dir, [(JS, json.dumps(doc).encode())], max_body_bytes=16 << 20)
+
+
+def test_recorded_emitter_spans_same_rows_and_trials(chdb_dir):
+    _, spans, _, _ = _same(chdb_dir, _spans_file_requests())
+    assert len(spans) >= 9
+
+
+def test_redaction_same_rows_and_trials(chdb_dir):
+    reqs = _bench_requests() + _spans_file_requests()
+    _, spans, _, _ = _same(chdb_dir, reqs, redact_deny=["gen_ai.tool.call.arguments", "llm.*"],
+                           redact_patterns=[r"\d{3}", "delivered"])
+    stored = json.dumps([list(map(str, r)) for r in spans])
+    assert "delivered" not in stored and "[REDACTED]" in stored
+
+
+def test_attribute_limits_same_rows_and_partial_success(chdb_dir):
+    reqs = _bench_requests() + _spans_file_requests()
+    replies, _, _, stats = _same(chdb_dir, reqs, max_attributes=3, max_attribute_length=5)
+    assert any("dropped_attributes" in r[3] for r in replies if len(r) == 4)
+    assert stats[2].get("attributes_dropped", 0) > 0
+
+
+# ---- the normalizer alone, on every attribute name the conventions read --------------------------
+
+def _all_keys() -> list[str]:
+    keys = {k for spec in CONVENTIONS.values() for names in spec.attrs.values() for k in names}
+    return sorted(keys | set(OTHER_KEYS) | {"session.id", "operation.cost", "error.type"})
+
+
+_VALUES = ("x", "", "  Success ", '{"a": 1, "isError": true}', '[{"role": "user", "content": "hi"}]',
+           "12", 7, 0, -3, 0.5, 2.0, True, False, ["tool_calls"], {"isError": True}, None, b"\x01")
+
+
+@pytest.mark.parametrize("key", _all_keys())
+def test_normalize_fast_equals_normalize_for_every_known_key(key):
+    base = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
+    ev = (SpanEvent("gen_ai.evaluation.result", 5, {"gen_ai.evaluation.name": "r",
+                                                    "gen_ai.evaluation.score.value": 0.5}),)
+    for scope in ("", "openinference.instrumentation.openai_agents", "pydantic-ai", "openlit",
+                  "Microsoft.SemanticKernel.x"):
+        for v in _VALUES:
+            for attrs in ({key: v}, {**base, key: v}, {key: v, "relyscope.task.id": "t1"}):
+                for status in (0, 2):
+                    s = CanonicalSpan("a" * 32, "b" * 16, "", "n", 1, 1, 2, status, "boom", attrs, {},
+                                      scope, "", ev if status else ())
+                    assert normalize_fast(s) == normalize(s), (key, v, scope, attrs)
+
+
+# ---- the interface a decode worker process uses -------------------------------------------------
+
+def test_decode_record_is_pure_and_pickles():
+    body = build_request(32).SerializeToString()
+    lim = Limits()
+    a = fastpath.decode_record(b"P" + body, lim)
+    b = pickle.loads(pickle.dumps(a))
+    assert b.spans == a.spans and b.semantics == a.semantics and b.columns.rows() == a.columns.rows()
+    full = decode_http(body, "application/x-protobuf", None, lim)
+    assert [s.key for s in a.spans] == [s.key for s in full.spans]
+    assert a.semantics == [normalize(s) for s in full.spans]
+    assert (a.rejected, a.errors, a.warnings, a.repaired) == (full.rejected, full.errors, full.warnings,
+                                                              full.repaired)
+    assert all(not s.attributes and not s.events for s in a.spans)
+
+
+def test_decode_pool_runs_the_hot_path_and_returns_the_same_batches():
+    """decode_workers > 1 runs fastpath.decode_record (with the redactor) in processes: each batch
+    comes back equal to the in-thread call (spans, semantics, columns, counts)."""
+    import functools
+
+    from relyscope.decode_pool import DecodePool
+    from test_decode_pool import LIMITS, RECORDS
+
+    red = Redactor(["gen_ai.tool.call.*"], [r"\d{3}"])
+    pool = DecodePool(functools.partial(fastpath.decode_record, limits=LIMITS, redactor=red), 2)
+    try:
+        futs = [pool.submit(r) for r in RECORDS]
+        for rec, fut in zip(RECORDS, futs):
+            got, want = fut.result(timeout=120), fastpath.decode_record(rec, LIMITS, red)
+            assert got == want and fastpath.is_prepared(got)
+        assert any(len(fastpath.decode_record(r, LIMITS, red).spans) for r in RECORDS)
+    finally:
+        pool.close()
