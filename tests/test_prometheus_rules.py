@@ -162,7 +162,7 @@ def test_docker_compose_is_consistent_yaml():
     assert (3000, 3000) in {_port(p) for p in sv["grafana"]["ports"]}
     assert (8123, 8123) in {_port(p) for p in sv["clickhouse"]["ports"]}
     env = sv["relyscope"]["environment"]
-    assert set(env) <= _settings_env_names()
+    assert set(env) <= _settings_env_names()  # (MALLOC_ARENA_MAX comes with the image: deploy/Dockerfile)
     assert env["RELYSCOPE_STORE"].startswith("http://") and "@clickhouse:8123/" in env["RELYSCOPE_STORE"]
     assert env["RELYSCOPE_API"].endswith(":9464") and env["RELYSCOPE_OTLP_GRPC"].endswith(":4317")
     assert sv["relyscope"]["build"]["dockerfile"] == "deploy/Dockerfile"
@@ -211,7 +211,10 @@ def test_kubernetes_sidecar_manifest():
         probe = sc[kind]["httpGet"]
         assert probe["path"] == "/livez" and named.get(probe["port"], probe["port"]) == 9464, kind
     env = {e["name"]: e for e in sc["env"]}
-    assert set(env) <= _settings_env_names()
+    # every variable is a relyscope setting, or one the sidecar's process documents it reads
+    # (MALLOC_ARENA_MAX: glibc's, README "Memory bounds")
+    assert set(env) <= _settings_env_names() | {"MALLOC_ARENA_MAX"}
+    assert env["MALLOC_ARENA_MAX"]["value"] == "2"
     assert env["RELYSCOPE_API"]["value"].endswith(":9464")
     mounts = {m["name"]: m["mountPath"] for m in sc["volumeMounts"]}
     assert env["RELYSCOPE_SPOOL_DIR"]["value"].startswith(mounts["relyscope-data"])
