@@ -315,3 +315,28 @@ def test_gate_render_says_the_harness_upper_bound_is_what_is_compared(upper, rea
     con = Console(record=True, width=400)
     render_gate(res, con)
     assert line in con.export_text()
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("2h", 1_800_000_000 - 7200), ("90m", 1_800_000_000 - 5400), ("1d", 1_800_000_000 - 86400),
+    ("1700000000", 1_700_000_000), (1_700_000_000, 1_700_000_000),
+    ("2026-12-01T10:00:00Z", 1_796_119_200), ("2026-12-01T10:00:00", 1_796_119_200),  # no zone: UTC
+    ("2026-12-01T11:00:00+01:00", 1_796_119_200), (None, None)])
+def test_parse_since_forms(value, expected):
+    from relyscope.shadow.gating import parse_since
+
+    assert parse_since(value, now=1_800_000_000) == expected
+
+
+@pytest.mark.parametrize("value, says", [
+    ("nan", "between 1970"), ("inf", "between 1970"), ("-inf", "between 1970"), ("1e400", "between 1970"),
+    (float("nan"), "between 1970"), ("99999999999", "between 1970"), ("-5", "between 1970"),
+    ("0s", "more than 0"), ("0m", "more than 0"), ("yesterday", "duration back from now"),
+    ("100000000d", "between 1970")])
+def test_parse_since_refuses_what_the_store_cannot_compare(value, says):
+    """Bug: NaN / infinite / far-future values passed the check and the server answered 500
+    (int(nan)) or 503 'store unreachable' (a DateTime64 overflow in the query)."""
+    from relyscope.shadow.gating import parse_since
+
+    with pytest.raises(ValueError, match=says):
+        parse_since(value, now=1_800_000_000)
