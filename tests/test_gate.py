@@ -417,3 +417,27 @@ def test_a_handful_of_tasks_cannot_block_on_its_interval() -> None:
 def test_policy_bounds_that_used_to_500(bad) -> None:
     with pytest.raises(GatePolicyError, match=next(iter(bad))):
         parse_gate_policy(bad)
+
+
+def test_reasons_say_one_task_in_the_singular() -> None:
+    """Bug: "1 shared tasks", "1 tasks are fewer", "needs ≈1 more shared tasks". One task,
+    baseline 4/5, candidate 2/5: Δ = −0.4 below −0.05 on 1 task < min_tasks_to_block = 2, so
+    inconclusive needing 2 − 1 = 1 more task."""
+    from rich.console import Console
+
+    from relyscope.cli.shadow import render_gate
+
+    pol = GatePolicy(min_tasks_to_block=2, metrics={"success_rate": MetricBound(max_regression=0.05)})
+    r = evaluate_gate(side(trials_from_counts("b", [4])), side(trials_from_counts("c", [2])), pol)
+    msg = r.reasons[0].message
+    assert r.verdict == "inconclusive" and r.deltas["success_rate"].needs_more_tasks == 1
+    assert "1 shared task, 5/5 trials" in msg and "1 task is fewer than min_tasks_to_block = 2" in msg, msg
+    assert msg.endswith("needs ≈1 more shared task"), msg
+    con = Console(record=True, width=400)
+    render_gate({**r.to_json(), "agent": "a", "baseline": "b", "candidate": "c", "mode": "shadow"}, con)
+    head = con.export_text().splitlines()[0]
+    assert head.endswith("INCONCLUSIVE · needs ≈1 more task"), head
+    # and the plural stays for other counts
+    r5 = evaluate_gate(side(trials_from_counts("b", [4] * 3)), side(trials_from_counts("c", [2] * 3)),
+                       GatePolicy(min_tasks_to_block=5, metrics={"success_rate": MetricBound(max_regression=0.05)}))
+    assert "3 shared tasks" in r5.reasons[0].message and "needs ≈2 more shared tasks" in r5.reasons[0].message

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relyscope.testing import start_sidecar, wait_for_replays
+from relyscope.testing import RELYSCOPE_BIN, start_sidecar, wait_for_replays
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -408,3 +408,69 @@ def test_replays_cut_off_by_a_kill_are_rerun_once_and_counted_once(tmp_path):
             assert g["trials"] == 6
         finally:
             sc2.kill()
+
+
+def test_a_replayed_trial_can_be_replayed_again_as_a_new_experiment(nominal_env):
+    """Bug: re-running a replay after a fix silently did nothing (`planned 0 replays`, no word of
+    the replays that already existed), so `gate --since` had no re-run to judge. The reply counts
+    the existing replays; `again` plans new ids that supersede the old ones: scored once, not
+    twice, and `--since` the re-run judges only it."""
+    sc, prod = nominal_env["sc"], nominal_env["prod"]
+    tid = prod[1]["trial_id"]
+    cli = subprocess.run([str(RELYSCOPE_BIN), "shadow", "start", "--trial", tid,
+                          "--no-wait", "--api", sc.api], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert "planned 0 replays of 1 trial\n" in cli.stderr, cli.stderr
+    assert "3 replays of these trials already exist; use --again" in cli.stderr, cli.stderr
+    r = sc.post("/api/v1/shadow/replays", json={"trial_ids": [tid]}).json()
+    assert r["replay_ids"] == [] and r["existing"] == 3  # K = 3, one target
+    old = {x["replay_id"] for x in sc.get("/api/v1/shadow/replays", params={"shadow_of": tid}).json()["replays"]}
+    assert len(old) == 3
+    again = sc.post("/api/v1/shadow/replays", json={"trial_ids": [tid], "again": True}).json()
+    assert len(again["replay_ids"]) == 3 and again["existing"] == 0 and not set(again["replay_ids"]) & old
+    wait_for_replays(sc, again["replay_ids"], 120)
+    sc.flush()
+    # the 3 first replays of this trial are superseded: counted neither in trials nor in scores
+    shadow = sc.trials(run_kind="shadow")
+    assert len(shadow) == 4 * 3
+    new_traces = {sc.get(f"/api/v1/shadow/replays/{i}").json()["trace_id"] for i in again["replay_ids"]}
+    assert {t["trace_id"] for t in shadow if t["shadow_of"] == tid} == new_traces
+    g = next(g for g in sc.report()["groups"] if g["run_kind"] == "shadow")
+    assert g["trials"] == 4 * 3
+    whole = sc.get("/api/v1/gate", params={"baseline": "1.0", "candidate": "1.0"}).json()
+    assert whole["experiment"]["sandbox"]["replays"] == 4 * 3
+    rerun = sc.get("/api/v1/gate", params={"baseline": "1.0", "candidate": "1.0",
+                                          "since": again["scheduled_at"]}).json()
+    assert rerun["experiment"]["sandbox"]["replays"] == 3, rerun
+    # a later plain start still plans nothing: the first ids exist
+    assert sc.post("/api/v1/shadow/replays", json={"trial_ids": [tid]}).json()["existing"] == 3
+
+
+def test_a_pause_that_cannot_be_saved_says_why_and_the_cli_fails(tmp_path):
+    """Bugs: (1) the state file's `{"paused": "false"}` started the sidecar paused (bool("false"));
+    (2) a pause that could not be saved answered 200 `persisted: false` with no reason and
+    `relyscope shadow pause` exited 0 (the pause silently ends at the next restart); any non-200
+    answer also exited 0."""
+    (tmp_path / "spool.shadow.json").write_text('{"paused": "false"}')
+    (tmp_path / "spool.shadow.json.tmp").mkdir()  # the atomic write's temp file cannot be created
+    with world(tmp_path, ("1.0",)) as w:
+        sc = w.sc
+        assert sc.get("/api/v1/shadow").json()["paused"] is False  # only JSON true pauses
+        r = sc.post("/api/v1/shadow/pause")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["paused"] is True and body["persisted"] is False
+        assert "spool.shadow.json" in body["reason"], body
+
+        def cli(cmd: str, api: str = sc.api) -> subprocess.CompletedProcess:
+            return subprocess.run([str(RELYSCOPE_BIN), "shadow", cmd, "--api", api], capture_output=True,
+                                  text=True, timeout=60)
+
+        for cmd in ("pause", "resume"):
+            p = cli(cmd)
+            out = p.stdout + p.stderr
+            assert p.returncode == 1, out
+            assert "will not survive a restart" in out and "spool.shadow.json" in out, out
+        assert sc.get("/api/v1/shadow").json()["paused"] is False  # the resume took effect in memory
+        wrong = cli("pause", sc.api + "/not-the-api")  # 404
+        assert wrong.returncode == 2, wrong.stdout + wrong.stderr

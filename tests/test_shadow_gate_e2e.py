@@ -5,6 +5,7 @@ candidate (1.1, same code) and a deliberately worse one (2.0: refunds half the o
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -224,3 +225,25 @@ def test_since_errors_say_what_to_change(gated):
         assert r.status_code == 422 and "between 1970" in r.text, (raw, r.status_code, r.text)
     nan = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--since", "nan")
     assert nan.returncode == 2 and "between 1970" in nan.stderr, nan.stderr
+
+
+def test_since_error_lists_only_versions_within_the_scope(gated):
+    """Bug: `--since 1m` after the replays answered `… has no shadow runs since 20:47:01; versions
+    with shadow runs: support-agent 1.0 (72 runs) …` — all-time counts that contradict the "no
+    runs since". Within a scope the list names what is inside it, and the others with the time
+    their last run ended (before the scope)."""
+    sc, _, _ = gated
+    since = time.time()  # after every replay of the fixture ended
+    r = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": since})
+    assert r.status_code == 404, r.text
+    d = r.json()["detail"]
+    assert "no shadow runs since" in d and "runs)" not in d, d
+    assert "no version has shadow runs since then" in d, d
+    import datetime as dt
+
+    ends = re.findall(r"1\.[01] \(last run ended ([^)]+)\)", d)
+    assert len(ends) == 2, d
+    assert all(dt.datetime.fromisoformat(e).timestamp() <= since for e in ends), d
+    # without a scope: every version with its count, as before
+    d = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "7.7"}).json()["detail"]
+    assert "versions with shadow runs: " in d and "1.1 (72 runs)" in d, d

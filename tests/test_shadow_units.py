@@ -295,6 +295,28 @@ def test_harness_rates_shrink_toward_the_pooled_rate():
     assert abs(r["A"] - 5.6 / 6) < 1e-12 and abs(r["B"] - 1.6 / 3) < 1e-12
 
 
+@pytest.mark.parametrize("upper, reasons, line", [
+    (0.995, [], "harness ok: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 99.5% ≥ min 90%"),
+    (0.85, [{"kind": "experiment", "name": "harness_agreement", "verdict": "error", "message": "drift"}],
+     "harness FAILED: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 85.0% < min 90%"),
+])
+def test_gate_render_says_the_harness_upper_bound_is_what_is_compared(upper, reasons, line):
+    """Bug: `harness agreement 49 of 72 vs ≈54.6 expected (relative 89.8%, upper bound 99.5%, min
+    90%)` next to PASS read as a failed check (89.8% < 90%); only the code showed the upper bound
+    is compared. 49 / 54.6 = 89.7…% → 89.8% as the gate rounds it (0.898)."""
+    from rich.console import Console
+
+    from relyscope.cli.shadow import render_gate
+
+    res = {"verdict": "error" if reasons else "pass", "agent": "a", "baseline": "1", "candidate": "2",
+           "mode": "shadow", "shared_tasks": 24, "reasons": reasons, "deltas": {},
+           "experiment": {"harness": {"replays": 72, "agreeing": 49, "expected": 54.6, "relative_agreement": 0.898,
+                                      "upper_bound": upper, "min": 0.9}}}
+    con = Console(record=True, width=400)
+    render_gate(res, con)
+    assert line in con.export_text()
+
+
 @pytest.mark.parametrize("value, expected", [
     ("2h", 1_800_000_000 - 7200), ("90m", 1_800_000_000 - 5400), ("1d", 1_800_000_000 - 86400),
     ("1700000000", 1_700_000_000), (1_700_000_000, 1_700_000_000),

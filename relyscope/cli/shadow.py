@@ -44,6 +44,11 @@ def _call(method: str, api: str, path: str, token: Optional[str], **kw):
     return r
 
 
+def _n(n: int, noun: str) -> str:
+    """``1 replay``, ``2 replays``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _detail(r) -> str:
     try:
         d = r.json().get("detail")
@@ -132,6 +137,8 @@ def show(replay_id: str, api: str = _API, token: Optional[str] = _TOKEN) -> None
 @shadow_app.command("start")
 def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="production trial id (repeatable)"),
           last: Optional[int] = typer.Option(None, "--last", min=1, help="replay the N most recent replayable runs"),
+          again: bool = typer.Option(False, "--again", help="run a new experiment on trials already replayed "
+                                     "(new replay ids; they supersede the earlier replays of these trials)"),
           wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the plan with a progress bar"),
           timeout_s: float = typer.Option(900, "--timeout", min=1),
           api: str = _API, token: Optional[str] = _TOKEN) -> None:
@@ -140,7 +147,9 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     if bool(trial) == bool(last):
         m.err.print("[red]give --trial ID (repeatable) or --last N[/red]")
         raise typer.Exit(2)
-    body = {"trial_ids": trial} if trial else {"last": last}
+    body: dict = {"trial_ids": trial} if trial else {"last": last}
+    if again:
+        body["again"] = True
     r = _call("POST", api, "/api/v1/shadow/replays", token, json=body)
     if r.status_code != 200:
         m.err.print(f"[red]{_detail(r)}[/red]")
@@ -151,7 +160,18 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     for n in plan["notes"]:
         m.err.print(f"note: {n}")
     ids = plan["replay_ids"]
-    m.err.print(f"planned {len(ids)} replays of {len(plan['trials'])} trials")
+    m.err.print(f"planned {_n(len(ids), 'replay')} of {_n(len(plan['trials']), 'trial')}")
+    existing = plan.get("existing") or 0
+    if existing:
+        m.err.print(f"[yellow]{_n(existing, 'replay')} of these trials already "
+                    f"{'exists' if existing == 1 else 'exist'}; use --again to run a new experiment[/yellow]",
+                    soft_wrap=True)
+    if again and ids and plan.get("scheduled_at") is not None:
+        import datetime as _dt
+
+        at = _dt.datetime.fromtimestamp(int(plan["scheduled_at"] * 1000) / 1000, _dt.timezone.utc)
+        m.err.print(f"new experiment: judge only it with `relyscope gate … --since "
+                    f"{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}`", soft_wrap=True)
     if not wait or not ids:
         return
     deadline = time.monotonic() + timeout_s
@@ -170,18 +190,33 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     m.console.print("replays finished: " + ", ".join(f"{k} {v}" for k, v in sorted(st.items())))
 
 
+def _pause_or_resume(what: str, api: str, token: Optional[str]) -> None:
+    """Exit 0 done and saved, 1 done in memory only (a restart forgets it), 2 not done."""
+    m = _cli()
+    r = _call("POST", api, f"/api/v1/shadow/{what}", token)
+    if r.status_code != 200:
+        m.err.print(f"[red]{what} failed ({r.status_code}):[/red] {_detail(r)}")
+        raise typer.Exit(2)
+    body = r.json()
+    m.console.print(f"shadow sampling and dispatch {what}d")
+    if not body.get("persisted", False):
+        m.err.print(f"[yellow]warning: not saved, so the {what} will not survive a restart: "
+                    f"{body.get('reason') or 'no reason given'}[/yellow]", soft_wrap=True)
+        raise typer.Exit(1)
+
+
 @shadow_app.command("pause")
 def pause(api: str = _API, token: Optional[str] = _TOKEN) -> None:
-    """Pause automatic sampling and dispatch (replays in flight finish)."""
-    r = _call("POST", api, "/api/v1/shadow/pause", token)
-    _cli().console.print("shadow sampling and dispatch paused" if r.status_code == 200 else _detail(r))
+    """Pause automatic sampling and dispatch (replays in flight finish). Exit 0 paused and saved,
+    1 paused in memory only (a restart resumes), 2 error."""
+    _pause_or_resume("pause", api, token)
 
 
 @shadow_app.command("resume")
 def resume(api: str = _API, token: Optional[str] = _TOKEN) -> None:
-    """Resume sampling and dispatch."""
-    r = _call("POST", api, "/api/v1/shadow/resume", token)
-    _cli().console.print("shadow sampling and dispatch resumed" if r.status_code == 200 else _detail(r))
+    """Resume sampling and dispatch. Exit 0 resumed and saved, 1 resumed in memory only (a
+    pause kept from before may return at a restart), 2 error."""
+    _pause_or_resume("resume", api, token)
 
 
 @shadow_app.command("samples")
@@ -245,7 +280,7 @@ def render_gate(res: dict, console) -> None:
     colour = {"pass": "green", "block": "red", "inconclusive": "yellow", "error": "magenta"}[res["verdict"]]
     console.print(f"gate {res.get('agent') or ''} {res.get('baseline')} → {res.get('candidate')} ({res.get('mode')}): "
                   f"[bold {colour}]{res['verdict'].upper()}[/bold {colour}]"
-                  + (f" · needs ≈{res['needs_more_tasks']} more tasks" if res.get("needs_more_tasks") else ""))
+                  + (f" · needs ≈{_n(res['needs_more_tasks'], 'more task')}" if res.get("needs_more_tasks") else ""))
     exp = res.get("experiment") or {}
     if exp.get("pending_replays"):
         console.print(f"[yellow]warning: {exp['pending_replays']} replays of these versions are still scheduled or "
@@ -257,9 +292,12 @@ def render_gate(res: dict, console) -> None:
                       f"({sb['miss_rate']:.1%}, max {sb['max']:.0%})")
     hv = exp.get("harness")
     if hv:
-        checks.append(f"harness agreement {hv['agreeing']} of {hv['replays']} vs ≈{hv['expected']:.1f} expected "
-                      f"(relative {hv['relative_agreement']:.1%}, upper bound {hv['upper_bound']:.1%}, "
-                      f"min {hv['min']:.0%})")
+        # what the gate compares is the upper bound, not the agreement itself: say which, and the
+        # outcome (the gate's own reason decides it, not a re-comparison of rounded figures)
+        failed = any(x.get("name") == "harness_agreement" for x in res.get("reasons", []))
+        checks.append(f"harness {'[red]FAILED[/red]' if failed else 'ok'}: agreement {hv['agreeing']}/{hv['replays']} "
+                      f"vs ≈{hv['expected']:.1f} expected ({hv['relative_agreement']:.1%}); its 95% upper bound "
+                      f"{hv['upper_bound']:.1%} {'<' if failed else '≥'} min {hv['min']:.0%}")
     elif exp:
         checks.append("harness check not measured (no nominal replays of the incumbent)")
     console.print("experiment: " + "; ".join(checks))

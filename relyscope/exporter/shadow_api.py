@@ -7,10 +7,13 @@
 - ``GET /api/v1/shadow`` — state: paused, targets, decisions and replays by kind, proxy counts.
 - ``GET /api/v1/shadow/replays`` (filters ``status``, ``shadow_of``, ``target_version``,
   ``limit``), ``GET /api/v1/shadow/replays/{id}`` (with the call log),
-  ``POST /api/v1/shadow/replays`` (``{"trial_ids": [...]}`` or ``{"last": N}``: replay now),
+  ``POST /api/v1/shadow/replays`` (``{"trial_ids": [...]}`` or ``{"last": N}``, optional
+  ``"again": true``: replay now; the reply counts the replays that already ``existing`` and were
+  not planned again, and gives ``scheduled_at``, the ``gate --since`` of this plan),
   ``POST /api/v1/shadow/status`` (``{"replay_ids": [...]}`` → counts by status, for progress).
 - ``GET /api/v1/shadow/samples`` — sample decisions with reasons.
-- ``POST /api/v1/shadow/pause`` / ``resume``.
+- ``POST /api/v1/shadow/pause`` / ``resume`` → ``{"paused", "persisted"}``, with ``"reason"`` when
+  the state could not be saved (the change holds in memory only, until a restart).
 - ``GET|POST /api/v1/gate`` — the verdict of metrics.md §10 (``baseline``, ``candidate``,
   ``agent``, ``mode``; POST may carry a ``policy`` object). 404 names the versions that exist.
 """
@@ -38,6 +41,8 @@ class _Strict(BaseModel):
 class ReplayStart(_Strict):
     trial_ids: list[str] | None = Field(None, min_length=1, max_length=1000)
     last: int | None = Field(None, ge=1, le=1000)
+    again: bool = Field(False, description="plan a new experiment (new replay ids) even for trials already "
+                        "replayed; without it existing replays are kept and counted in `existing`")
 
     @model_validator(mode="after")
     def _one(self):
@@ -169,7 +174,7 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
     @r.post("/api/v1/shadow/replays", dependencies=guarded)
     def start(body: ReplayStart) -> dict:
         try:
-            return _stage(pipeline).plan_now(trial_ids=body.trial_ids, last=body.last)
+            return _stage(pipeline).plan_now(trial_ids=body.trial_ids, last=body.last, again=body.again)
         except ValueError as e:
             raise HTTPException(422, str(e)) from None
 
@@ -191,13 +196,21 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         rows = _stage(pipeline).ledger.decisions(decision=decision, limit=limit)
         return {"samples": rows, "count": len(rows)}
 
+    def _paused(st, paused: bool, persisted: bool) -> dict:
+        out = {"paused": paused, "persisted": persisted}
+        if not persisted:  # in memory only: a restart forgets it — say why, now (not in a later last_error)
+            out["reason"] = st.save_error or "the shadow state was not saved"
+        return out
+
     @r.post("/api/v1/shadow/pause", dependencies=guarded)
     def pause() -> dict:
-        return {"paused": True, "persisted": _stage(pipeline).pause()}
+        st = _stage(pipeline)
+        return _paused(st, True, st.pause())
 
     @r.post("/api/v1/shadow/resume", dependencies=guarded)
     def resume() -> dict:
-        return {"paused": False, "persisted": _stage(pipeline).resume()}
+        st = _stage(pipeline)
+        return _paused(st, False, st.resume())
 
     def _gate(baseline: str, candidate: str, agent: str | None, mode: str, policy_data: dict | None,
               since: str | float | None = None) -> dict:

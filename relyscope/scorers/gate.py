@@ -644,6 +644,11 @@ def _plan(key: str, b: _Tab, c: _Tab, policy: GatePolicy) -> _Plan:
     return _Plan(mask, np.stack([b.nom, b.viol, b.sev], 1), np.stack([c.nom, c.viol, c.sev], 1), _safety_stat(i), int(b.nom[mask].sum()), int(c.nom[mask].sum()))
 
 
+def _n(n: int, noun: str) -> str:
+    """``1 shared task``, ``2 shared tasks`` (the last word takes the plural)."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _fmt(x: float | None) -> str:
     return "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"
 
@@ -679,7 +684,7 @@ def _gate_metric(
     sizes = dict(n_tasks=n, n_trials_baseline=plan.trials_b, n_trials_candidate=plan.trials_c)
     if math.isnan(res.delta) or res.ci is None:
         md = MetricDelta(key, vb, vc, res.delta, None, n, plan.trials_b, plan.trials_c, bound, "not_measured")
-        msg = f"{key}: undefined on the shared tasks (baseline {_fmt(vb)}, candidate {_fmt(vc)}; e.g. a nominal success rate of 0 makes R_x undefined), {n} tasks"
+        msg = f"{key}: undefined on the shared tasks (baseline {_fmt(vb)}, candidate {_fmt(vc)}; e.g. a nominal success rate of 0 makes R_x undefined), {_n(n, 'task')}"
         return md, GateReason("metric", key, missing_verdict, msg, delta=res.delta, bound=bound, **sizes)  # type: ignore[arg-type]
     sign = 1.0 if bound_cfg.higher_is_better else -1.0
     d = sign * res.delta
@@ -687,7 +692,7 @@ def _gate_metric(
     direction = "" if bound_cfg.higher_is_better else " (lower is better: Δ negated for the bound)"
     head = (
         f"{key}: Δ = {res.delta:+.3f} (candidate {vc:.3f} − baseline {vb:.3f}), {policy.level:.0%} CI {_fmt_ci(res.ci)}, "
-        f"allowed regression {bound_cfg.max_regression:.3f}{direction}, {n} shared tasks, {plan.trials_b}/{plan.trials_c} trials"
+        f"allowed regression {bound_cfg.max_regression:.3f}{direction}, {_n(n, 'shared task')}, {plan.trials_b}/{plan.trials_c} trials"
     )
     needs = None
     if hi < bound and n >= policy.min_tasks_to_block:
@@ -695,7 +700,7 @@ def _gate_metric(
     elif hi < bound:  # a bootstrap over a handful of tasks is degenerate (one task: width 0)
         verdict = "inconclusive"
         needs = max(0, policy.min_tasks_to_block - n)
-        tail = (f"; the interval lies below {bound:+.3f} but {n} tasks are fewer than min_tasks_to_block = "
+        tail = (f"; the interval lies below {bound:+.3f} but {_n(n, 'task')} {'is' if n == 1 else 'are'} fewer than min_tasks_to_block = "
                 f"{policy.min_tasks_to_block}, too few for a bootstrap interval to be trusted")
     elif n < policy.min_tasks:
         verdict = "inconclusive"
@@ -710,7 +715,7 @@ def _gate_metric(
     else:
         verdict, tail = "pass", ""
     if verdict == "inconclusive":
-        tail += f"; needs ≈{needs} more shared tasks" if needs is not None else "; Δ sits on the bound: no sample size decides it"
+        tail += f"; needs ≈{_n(needs, 'more shared task')}" if needs is not None else "; Δ sits on the bound: no sample size decides it"
     md = MetricDelta(key, vb, vc, res.delta, res.ci, n, plan.trials_b, plan.trials_c, bound, verdict, needs)
     if verdict == "pass":
         return md, None
@@ -807,7 +812,7 @@ def evaluate_gate(
     if nb and nc and n_shared == 0:
         reasons.append(GateReason(
             "experiment", "shared_tasks", "error",
-            f"shared_tasks: baseline ({len(tasks_b)} tasks) and candidate ({len(tasks_c)} tasks) share no task id; nothing to compare",
+            f"shared_tasks: baseline ({_n(len(tasks_b), 'task')}) and candidate ({_n(len(tasks_c), 'task')}) share no task id; nothing to compare",
             value=0.0, n_tasks=0, n_trials_baseline=nb, n_trials_candidate=nc,
         ))  # fmt: skip
 

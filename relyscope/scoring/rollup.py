@@ -300,6 +300,11 @@ class Rollup:
                         "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(slow)})}
                 slow |= replays
                 trace_ids |= replays
+                # a new experiment on a trial (`shadow start --again`) supersedes its earlier
+                # replays: their contributions are retracted when the new replays arrive
+                superseded = self._superseded_replays(trace_ids)
+                slow |= superseded
+                trace_ids |= superseded
             fast = {t: v for t, v in fast.items() if t in trace_ids and t not in slow}
             changed: set[GroupKey] = set()
             tids = sorted(trace_ids)
@@ -316,6 +321,28 @@ class Rollup:
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
             return changed
+
+    def _superseded_replays(self, trace_ids: set[str]) -> set[str]:
+        """Trace ids of stored replays of the same production trials as the replays among
+        ``trace_ids`` that a later experiment on those trials superseded (see
+        :meth:`relyscope.store.shadow.ShadowLedger.replay_traces`). Cost: a lookup by these trace
+        ids, then only for trials replayed in more than one experiment, by their ids."""
+        from relyscope.store.shadow import ShadowLedger
+
+        q = self.store.query
+        prods = {r[0] for r in q("SELECT DISTINCT shadow_of FROM {db}.trials WHERE trace_id IN %(t)s "
+                                 "AND shadow_of IS NOT NULL AND shadow_of != ''", {"t": sorted(trace_ids)})}
+        if not prods:
+            return set()
+        again = {r[0] for r in q("SELECT shadow_of FROM {db}.shadow_replays WHERE shadow_of IN %(p)s "
+                                 "GROUP BY shadow_of, target_version HAVING uniqExact(experiment) > 1",
+                                 {"p": sorted(prods)})}
+        if not again:
+            return set()
+        current = ShadowLedger(self.store).replay_traces(again)
+        return {tid for tid, so in q("SELECT DISTINCT trace_id, shadow_of FROM {db}.trials WHERE shadow_of IN %(p)s",
+                                     {"p": sorted(again)})
+                if so in current and tid not in current[so]}
 
     def _refold(self, trace_ids: list[str], fast: dict[str, set[str]] | None = None,
                 min_version_ns: int = 0) -> set[GroupKey]:

@@ -15,7 +15,6 @@ exist) and ``StoreUnavailable`` when the store cannot be read.
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -86,12 +85,10 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
         trials = load(**scope)
         agents = sorted({t.agent_name for t in trials})
         if not trials:
-            known = _known_versions(store, kind)
             raise UnknownVersion(f"{label} version {version!r} has no {kind} runs"
                                  + (f" of agent {agent!r}" if agent else "")
                                  + (f" since {_iso(since_s)}" if since_s is not None else "")
-                                 + (f"; versions with {kind} runs: {', '.join(known)}" if known else
-                                    f"; no {kind} runs are stored yet"))
+                                 + _known_versions(store, kind, since_s))
         if len(agents) > 1:
             raise UnknownVersion(f"{label} version {version!r} has {kind} runs of several agents "
                                  f"({', '.join(agents)}): name one with --agent")
@@ -199,10 +196,25 @@ def _kinds_of(store: Any, agent: str | None) -> set[str]:
     return {r[0] for r in store.query(f"SELECT DISTINCT run_kind FROM {{db}}.trials FINAL WHERE {where}", params)}
 
 
-def _known_versions(store: Any, kind: str) -> list[str]:
-    rows = store.query("SELECT agent, version, count() FROM {db}.trials FINAL WHERE run_kind = %(k)s "
-                       "AND status != 'superseded' GROUP BY agent, version ORDER BY agent, version", {"k": kind})
-    counts: dict[str, int] = collections.OrderedDict()
-    for a, v, n in rows:
-        counts[f"{a} {v} ({n} runs)"] = n
-    return list(counts)
+def _known_versions(store: Any, kind: str, since_s: float | None = None) -> str:
+    """The tail of an UnknownVersion message: the versions with ``kind`` runs — within the scope
+    when ``since_s`` is given (a list of all-time counts would contradict "no runs since"), and
+    those with runs before it only, with the time their last run ended."""
+    since_ns = 0 if since_s is None else int(since_s * 1e9)
+    rows = store.query("SELECT agent, version, countIf(end_time >= fromUnixTimestamp64Nano(%(s)s)), "
+                       "toUnixTimestamp64Milli(max(end_time)) FROM {db}.trials FINAL WHERE run_kind = %(k)s "
+                       "AND status != 'superseded' GROUP BY agent, version ORDER BY agent, version",
+                       {"k": kind, "s": since_ns})
+    if not rows:
+        return f"; no {kind} runs are stored yet"
+    inside = [f"{a} {v} ({_n(int(n), 'run')})" for a, v, n, _ in rows if n]
+    before = [f"{a} {v} (last run ended {_iso(int(last) / 1000)})" for a, v, n, last in rows if not n]
+    if since_s is None:
+        return f"; versions with {kind} runs: {', '.join(inside)}"
+    out = (f"; versions with {kind} runs since then: {', '.join(inside)}" if inside
+           else f"; no version has {kind} runs since then")
+    return out + (f"; with {kind} runs before it only: {', '.join(before)}" if before else "")
+
+
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -3,7 +3,9 @@
 Per replay target (agent version → URL): nominal × K, each of J prompt rewrites × 1, fault × K,
 env × K. Every replay gets a seed and an id derived from (trial id, target version, family,
 index) by SHA-256, so planning the same trial twice (a restart, a retry) yields the same plan and
-the same ids. The prompt rewrites are made once per trial and shared by every target, so baseline
+the same ids. A deliberate new experiment on the same trial (``salt``: ``shadow start --again``)
+gets new ids and a new experiment id, with the same seeds and inputs (the same perturbations, so
+it is comparable with the first try). The prompt rewrites are made once per trial and shared by every target, so baseline
 and candidate see the same perturbed inputs (a paired comparison).
 """
 
@@ -48,19 +50,22 @@ class ReplaySpec:
 def plan_replays(trial: Trial, targets: Sequence[str], *, k: int = 5, j: int = 5,
                  families: Sequence[str] = FAMILIES, env_strength: str = "medium",
                  prompt_strength: str = "mild", run_kind: str = "shadow",
-                 rewrite: Callable[[str, int, str], list[str]] | None = None) -> tuple[list[ReplaySpec], list[str]]:
+                 rewrite: Callable[[str, int, str], list[str]] | None = None,
+                 salt: str = "") -> tuple[list[ReplaySpec], list[str]]:
     """Plan the replays of ``trial`` against each target version in ``targets``.
 
     ``rewrite(text, seed, strength) -> [J rewrites]`` makes the prompt variants; without it, or
     without a recorded task input, the prompt family is skipped. Returns ``(specs, notes)``; notes
-    say what was skipped and why. Raises ValueError for ``k < 1``, ``j < 0`` or an unknown family.
+    say what was skipped and why. ``salt`` (non-empty: a new experiment, e.g. its start time) is
+    hashed into the replay and experiment ids; ``""`` keeps the ids of the first plan. Raises ValueError for ``k < 1``, ``j < 0`` or an unknown family.
     """
     if k < 1 or j < 0:
         raise ValueError("k must be >= 1 and j >= 0")
     bad = [f for f in families if f not in FAMILIES]
     if bad:
         raise ValueError(f"unknown perturbation families {bad}; use {FAMILIES}")
-    experiment = hashlib.sha256(f"exp|{trial.trial_id}".encode()).hexdigest()[:16]
+    tail = f"|{salt}" if salt else ""
+    experiment = hashlib.sha256(f"exp|{trial.trial_id}{tail}".encode()).hexdigest()[:16]
     notes: list[str] = []
     variants: list[str] = []
     if "prompt" in families and j:
@@ -84,7 +89,7 @@ def plan_replays(trial: Trial, targets: Sequence[str], *, k: int = 5, j: int = 5
                 items = [(i, trial.task_input) for i in range(k)]
             strength = {"env": env_strength, "prompt": prompt_strength}.get(fam)
             for i, text in items:
-                rid = hashlib.sha256(f"{trial.trial_id}|{version}|{fam}|{i}".encode()).hexdigest()[:32]
+                rid = hashlib.sha256(f"{trial.trial_id}|{version}|{fam}|{i}{tail}".encode()).hexdigest()[:32]
                 specs.append(ReplaySpec(
                     replay_id=rid, experiment=experiment, shadow_of=trial.trial_id, task_id=trial.task_id,
                     agent=trial.agent_name, prod_version=trial.agent_version, target_version=version,

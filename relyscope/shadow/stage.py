@@ -67,7 +67,9 @@ class ShadowStage:
                                       retry_after_s=s.shadow_fault_retry_after_s)  # tools: globs, per session
         self.state_path = state_path
         self.last_error: str | None = None
-        self.paused = s.shadow_paused or bool(self._load_state().get("paused"))
+        self.save_error: str | None = None
+        # only JSON true pauses: a hand-edited "false" (a string) must not (bool("false") is True)
+        self.paused = s.shadow_paused or self._load_state().get("paused") is True
         self.sessions: dict[str, SandboxSession] = {}
         self.running: set[str] = set()
         self.counts: dict[str, collections.Counter] = {
@@ -102,7 +104,7 @@ class ShadowStage:
     def pause(self) -> bool:
         """Stop sampling and dispatching (replays in flight finish); the pause outlives a restart
         (``state_path``). Returns whether it was written durably (False: in memory only, the
-        reason in ``last_error``)."""
+        reason in ``save_error``, also ``last_error`` until the next tick)."""
         self.paused = True
         return self._save_state()
 
@@ -127,7 +129,9 @@ class ShadowStage:
             return {}
 
     def _save_state(self) -> bool:
+        self.save_error = None
         if not self.state_path:
+            self.save_error = "no state file is configured: the pause is kept in memory only"
             return False
         tmp = f"{self.state_path}.tmp"
         try:
@@ -138,7 +142,7 @@ class ShadowStage:
             os.replace(tmp, self.state_path)
             return True
         except OSError as e:
-            self.last_error = f"shadow state not saved to {self.state_path}: {e}"
+            self.save_error = self.last_error = f"shadow state not saved to {self.state_path}: {e}"
             log.warning(self.last_error)
             return False
 
@@ -204,11 +208,17 @@ class ShadowStage:
         self.counts["decisions"].update(d.decision for d in decisions)
         return decisions
 
-    def plan_now(self, *, trial_ids: list[str] | None = None, last: int | None = None) -> dict[str, Any]:
+    def plan_now(self, *, trial_ids: list[str] | None = None, last: int | None = None,
+                 again: bool = False) -> dict[str, Any]:
         """Plan replays of the given production trials (or the ``last`` most recent replayable
-        ones) regardless of the sampling rate (decision ``manual``). Returns ``{"replay_ids",
-        "trials", "skipped": [{trial_id, reason}], "notes"}``. Raises ValueError when no target is
-        configured or a trial id is unknown."""
+        ones) regardless of the sampling rate (decision ``manual``). Replays already in the ledger
+        are not planned again (same ids: idempotent) and are counted in ``existing``; ``again``
+        plans a new experiment instead — new replay and experiment ids salted with its start time,
+        which supersede the earlier replays of these trials in every score and gate. Returns
+        ``{"replay_ids", "trials", "skipped": [{trial_id, reason}], "notes", "existing",
+        "again", "scheduled_at"}`` (``scheduled_at``: Unix s of this plan, the ``gate --since``
+        that judges only it). Raises ValueError when no target is configured or a trial id is
+        unknown."""
         from relyscope.shadow.proxy import replayable
 
         if not self.settings.shadow_targets:
@@ -237,12 +247,14 @@ class ShadowStage:
             chosen.append(t)
             decisions.append(SampleDecision(t.trial_id, t.agent_name, t.agent_version, t.task_id, "manual",
                                             "requested over the API"))
-        specs, notes = self._schedule(chosen)
+        now = time.time()
+        specs, notes, existing = self._schedule(chosen, salt=f"again@{time.time_ns()}" if again else "", now=now)
         self.ledger.record_decisions(decisions)
         self.counts["decisions"].update(d.decision for d in decisions)
         self._wake.set()
         return {"replay_ids": [sp.replay_id for sp in specs], "trials": [t.trial_id for t in chosen],
-                "skipped": skipped, "notes": notes}
+                "skipped": skipped, "notes": notes, "existing": existing, "again": again,
+                "scheduled_at": now}
 
     def _rewrite(self, text: str, seed: int, strength: str) -> list[str]:
         from relyscope.shadow.rewriters import prompt_variants
@@ -281,7 +293,10 @@ class ShadowStage:
                            price_per_1k_input_tokens=s.rewriter_price_per_1k_input_tokens,
                            price_per_1k_output_tokens=s.rewriter_price_per_1k_output_tokens)
 
-    def _schedule(self, trials: list[Trial]) -> tuple[list[ReplaySpec], list[str]]:
+    def _schedule(self, trials: list[Trial], *, salt: str = "",
+                  now: float | None = None) -> tuple[list[ReplaySpec], list[str], int]:
+        """Plan ``trials`` (ids salted with ``salt``) and write the replays the ledger does not
+        have yet as ``scheduled`` at ``now``. Returns (specs written, notes, replays that existed)."""
         s = self.settings
         if "prompt" in s.shadow_families and s.shadow_j:
             rw = self._rewriter
@@ -293,16 +308,17 @@ class ShadowStage:
             sp, nt = plan_replays(t, sorted(s.shadow_targets), k=s.shadow_k, j=s.shadow_j,
                                   families=s.shadow_families, env_strength=s.shadow_env_strength,
                                   prompt_strength=s.shadow_prompt_strength, run_kind=s.shadow_run_kind,
-                                  rewrite=self._rewrite)
+                                  rewrite=self._rewrite, salt=salt)
             specs += sp
             notes += [f"{t.trial_id}: {n}" for n in nt]
         # a trial planned again (a second `shadow start`, a restart) keeps its replays: same ids
         known = self.ledger.existing_replay_ids([sp.replay_id for sp in specs]) if specs else set()
+        existing = sum(sp.replay_id in known for sp in specs)
         specs = [sp for sp in specs if sp.replay_id not in known]
-        now = time.time()
+        now = time.time() if now is None else now
         self.ledger.write_replays([{**_spec_row(sp), "status": "scheduled", "scheduled_at": now} for sp in specs])
         self.counts["scheduled"].update(sp.family for sp in specs)
-        return specs, notes
+        return specs, notes, existing
 
     def dispatch(self, max_n: int = 8) -> int:
         """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record their

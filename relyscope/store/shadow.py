@@ -157,14 +157,23 @@ class ShadowLedger:
             "SELECT DISTINCT replay_id FROM {db}.shadow_replays WHERE replay_id IN %(ids)s", {"ids": ids})}
 
     def replay_traces(self, shadow_of: Iterable[str]) -> dict[str, set[str]]:
-        """production trial id → the current trace ids of its replays (one per replay)."""
+        """production trial id → the current trace ids of its replays (one per replay), of the
+        latest experiment per target version only (``shadow start --again`` supersedes the
+        earlier replays of a trial: an old and a new replay are never both counted)."""
         ids = sorted(set(shadow_of))
         if not ids:
             return {}
-        out: dict[str, set[str]] = {}
-        for so, tid in self.store.query(
-                "SELECT shadow_of, trace_id FROM {db}.shadow_replays FINAL WHERE shadow_of IN %(ids)s", {"ids": ids}):
-            out.setdefault(so, set()).add(tid)
+        latest: dict[tuple[str, str], tuple[Any, str]] = {}
+        rows = self.store.query("SELECT shadow_of, target_version, experiment, scheduled_at, trace_id "
+                                "FROM {db}.shadow_replays FINAL WHERE shadow_of IN %(ids)s", {"ids": ids})
+        for so, tv, exp, at, _ in rows:
+            key = (so, tv)
+            if key not in latest or (at, exp) > latest[key]:
+                latest[key] = (at, exp)
+        out: dict[str, set[str]] = {so: set() for so, _ in latest}
+        for so, tv, exp, _, tid in rows:
+            if latest[(so, tv)][1] == exp:
+                out[so].add(tid)
         return out
 
     def replay_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
@@ -195,6 +204,9 @@ class ShadowLedger:
         if since_s is not None:
             where.append("scheduled_at >= fromUnixTimestamp64Milli(%(since)s)")
             params["since"] = int(since_s * 1000)
+        # only the latest experiment of each replayed trial (a re-run with --again supersedes the first)
+        where.append("(shadow_of, experiment) IN (SELECT shadow_of, argMax(experiment, scheduled_at) FROM "
+                     "{db}.shadow_replays FINAL WHERE target_version = %(v)s GROUP BY shadow_of)")
         r = self.store.query(
             f"SELECT count(), countIf(n_miss > 0 OR status = 'sandbox_miss') FROM {{db}}.shadow_replays FINAL "
             f"WHERE {' AND '.join(where)}", params)[0]
