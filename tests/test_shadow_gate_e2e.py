@@ -47,8 +47,8 @@ def gated(tmp_path_factory):
     try:
         run_production(sc, effects, tasks=24, runs=1, version="1.0")
         prod = sc.trials(run_kind="production")
-        agents = [Agent(sc, effects, "1.0", ports["1.0"]), Agent(sc, effects, "1.1", ports["1.1"]),
-                  Agent(sc, effects, "2.0", ports["2.0"], "--worse")]
+        for version, flags in (("1.0", ()), ("1.1", ()), ("2.0", ("--worse",))):
+            agents.append(Agent(sc, effects, version, ports[version], *flags))  # one by one: all stopped
         replay_and_wait(sc, [t["trial_id"] for t in prod], timeout_s=240)
         yield sc, tmp, effects
     finally:
