@@ -26,6 +26,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # o
 
 import argparse  # noqa: E402
 import random  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from live_traffic import make_trial  # noqa: E402
 from relyscope.config import Settings  # noqa: E402
 from relyscope.scoring.rollup import Rollup  # noqa: E402
+from relyscope.scoring import stage as stage_mod  # noqa: E402
 from relyscope.scoring.stage import ScoreStage  # noqa: E402
 from relyscope.scoring.stats import NB, N_RES, SUM_COLUMNS  # noqa: E402
 from relyscope.store import Store  # noqa: E402
@@ -97,34 +99,64 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=1000)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--interval", type=float, default=10.0,
+                    help="simulated seconds between cycles (the scorer's clock is advanced by this much per cycle, "
+                         "so the CI refreshes of long windows are spread as in a sidecar with this score interval)")
+    ap.add_argument("--ci-interval", type=float, default=None, help="RELYSCOPE_SCORE_CI_INTERVAL_S (default: the setting's)")
+    ap.add_argument("--ci-every-cycle", default=None, help="RELYSCOPE_SCORE_CI_EVERY_CYCLE (default: the setting's)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the cycles; print the top functions")
+
+    ap.add_argument("--data", default=None, help="use this already seeded directory (from --seed-only) instead of seeding")
+    ap.add_argument("--seed-only", default=None, help="seed a store in this directory and exit")
     args = ap.parse_args()
 
-    tmp = tempfile.mkdtemp(prefix="bench-live-")
+    if args.seed_only:
+        store = Store(f"chdb://{args.seed_only}/data")
+        Rollup(store)  # create the rollup schema
+        now = int(time.time())
+        t0 = time.perf_counter()
+        for sql in seed_sql(args.stored, args.groups, args.tasks, now):
+            with store._lock:
+                store._ready_client().command(sql.replace("{db}", store.db))
+        wm = (now - 9 * 86400) * 10**9 + (args.stored - 1) * (8 * 86400 * 10**9 // args.stored)
+        store._insert("scoring_state", [["trials_wm", wm, 1], ["outcomes_wm", 0, 1], ["judge_wm", 0, 1]],
+                      ["name", "value", "updated_ns"])
+        print(f"seeded {args.stored} trials in {time.perf_counter() - t0:.1f} s", flush=True)
+        return
+    tmp = args.data
+    if tmp is None:  # seed in a child process: its memory is not this process's idle RSS
+        tmp = tempfile.mkdtemp(prefix="bench-live-")
+        subprocess.run([sys.executable, __file__, "--seed-only", tmp, "--stored", str(args.stored), "--groups",
+                        str(args.groups), "--tasks", str(args.tasks)], check=True)
     store = Store(f"chdb://{tmp}/data")
-    Rollup(store)  # create the rollup schema
-    now = int(time.time())
-    t0 = time.perf_counter()
-    for sql in seed_sql(args.stored, args.groups, args.tasks, now):
-        with store._lock:
-            store._ready_client().command(sql.replace("{db}", store.db))
-    wm = (now - 9 * 86400) * 10**9 + (args.stored - 1) * (8 * 86400 * 10**9 // args.stored)
-    store._insert("scoring_state", [["trials_wm", wm, 1], ["outcomes_wm", 0, 1], ["judge_wm", 0, 1]],
-                  ["name", "value", "updated_ns"])
-    seed_s = time.perf_counter() - t0
-    settings = Settings(n_boot=args.n_boot, store=f"chdb://{tmp}/data")
+    extra = {k: v for k, v in (("score_ci_interval_s", args.ci_interval), ("score_ci_every_cycle", args.ci_every_cycle))
+             if v is not None}
+    settings = Settings(n_boot=args.n_boot, store=f"chdb://{tmp}/data", score_interval_s=args.interval, **extra)
+    clock = _Clock()
+    stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
+    idle = rss_mib()
     t0 = time.perf_counter()
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
-    idle = rss_mib()
-    print(f"seeded {args.stored} trials in {seed_s:.1f} s; first full cycle {first_s:.1f} s; idle RSS {idle:.0f} MiB",
-          flush=True)
+    loaded = rss_mib()
+    print(f"store {tmp}: first full cycle (load every window, every CI) "
+          f"{first_s:.1f} s; RSS idle {idle:.0f} MiB, after it {loaded:.0f} MiB; settings: ci_interval "
+          f"{settings.score_ci_interval_s:g} s, ci_every_cycle {settings.score_ci_every_cycle!r}, "
+          f"interval {args.interval:g} s (simulated)", flush=True)
     rng = random.Random(1)
     base = args.stored + 10
     rows = []
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     for c in range(args.cycles):
+        clock.offset += args.interval
         new = [make_trial(rng, base + c * args.new + i, task=f"task{rng.randrange(args.tasks)}",
-                          end_ns=time.time_ns() - rng.randrange(0, 60 * 10**9),
+                          end_ns=int(clock.time() * 1e9) - rng.randrange(0, 60 * 10**9),
                           agent=f"agent{rng.randrange(args.groups)}", version="1", run_kind="production")
                for i in range(args.new)]
         store.insert_trials(new)
@@ -134,13 +166,34 @@ def main() -> None:
         t0 = time.perf_counter()
         stage.rescore()
         score_s = time.perf_counter() - t0
-        rows.append((sync_s, score_s, rss_mib()))
-        print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s, "
-              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f})", flush=True)
-    sync_med = sorted(r[0] for r in rows)[len(rows) // 2]
-    score_med = sorted(r[1] for r in rows)[len(rows) // 2]
-    print(f"| {args.stored:,} | {args.groups} | {args.tasks:,} | {args.new} | {args.n_boot} | {sync_med:.2f} s | "
-          f"{score_med:.2f} s | {sync_med + score_med:.2f} s | +{max(r[2] for r in rows) - idle:.0f} MiB |")
+        rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes))
+        print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
+              f"({stage.last_refreshes} long-window/drift CI refreshes), "
+              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle); "
+              + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    cyc = [r[0] + r[1] for r in rows]
+    print(f"| {args.stored:,} | {args.groups} | {args.tasks:,} | {args.new} | {args.n_boot} | {med([r[0] for r in rows]):.2f} s | "
+          f"{med([r[1] for r in rows]):.2f} s | {med(cyc):.2f} s (max {max(cyc):.2f}) | "
+          f"+{max(r[2] for r in rows) - idle:.0f} MiB | {stage.live().mismatches} |")
+
+
+class _Clock:
+    """``time`` for the scoring stage, ``offset`` seconds ahead of the real clock."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def __getattr__(self, name):
+        return getattr(time, name)
 
 
 if __name__ == "__main__":

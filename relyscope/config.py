@@ -68,10 +68,25 @@ class Settings(BaseSettings):
     score_windows: str = Field(
         "5m,1h,24h,7d,all", description="sliding windows the live scores are computed over (comma list of "
         "<n>s|m|h|d or 'all'; exported as the gauges' window label); offline imports are always all-time")
+    score_ci_every_cycle: str = Field(
+        "", description="windows of RELYSCOPE_SCORE_WINDOWS whose bootstrap CIs are recomputed every "
+        "scoring cycle (comma list; '' = none); the others' CIs, and drift, every score_ci_interval_s")
+    score_ci_interval_s: float = Field(
+        300.0, ge=0, description="CI refresh cadence of the other windows (by default all of them) and of drift, "
+        "per (group, window), spread over the cycles; their point estimates are recomputed every cycle and "
+        "published with the CI of the last refresh (0: every cycle)")
+    live_check_interval_s: float = Field(
+        3600.0, gt=0, description="each in-memory window's per-task statistics are compared with the ClickHouse "
+        "rollups (and reloaded on a difference) at least this often, spread over the cycles")
     drift_current: str = Field("1h", description="drift (metrics.md §10): the current window …")
     drift_reference: str = Field("24h", description="… against the reference window just before it")
-    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged when the "
-                                   "bootstrap CI of Δ excludes 0 and |Δ| exceeds this")
+    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged only when "
+                                   "|Δ| exceeds this (and the alerting interval excludes 0)")
+    drift_alert_level: float = Field(0.9998, gt=0, lt=1, description="two-sided level of the alerting interval "
+                                     "Δ ± z·se of the drift flag (bootstrap SE, CR1-corrected; z: Student t, tasks − 1 df); "
+                                     "measured false alarms per day in bench/README.md")
+    drift_min_trials: int = Field(100, ge=0, description="valid complete trials the current drift window needs "
+                                  "before drift can be flagged")
     max_label_sets: int = Field(50, ge=1, description="distinct (agent, version) label sets scored and exported "
                                 "per sidecar; beyond it, groups fold into agent=version='other' (counted, warned)")
     spans_ttl_days: float = Field(14.0, gt=0, description="retention of raw spans (otel_traces), days "
@@ -110,8 +125,20 @@ class Settings(BaseSettings):
         900.0, ge=0, description="how long a finalized trace is kept in memory to absorb late spans (later ones "
         "reload the trace from the store)")
     finalized_cache_bytes: int = Field(
-        128 << 20, ge=0, description="bound on the (estimated) memory of the finalized traces kept for late "
-        "spans; the oldest are evicted first (relyscope_finalized_traces_evicted_total)")
+        64 << 20, ge=0, description="bound on the memory of the finalized traces kept for late spans, bytes "
+        "(kept packed, ~100 B per span, and counted by their real size); the oldest are evicted first "
+        "(relyscope_finalized_traces_evicted_total)")
+    open_traces_max_bytes: int | None = Field(
+        128 << 20, gt=0, description="bound on the estimated memory of the open (not yet finalized) traces, "
+        "bytes (~1.6 KB per buffered span); beyond it the traces idle the longest are finalized early, as "
+        "their timeout would (relyscope_open_traces_finalized_early_total); a later span re-finalizes its "
+        "trace. null: unbounded")
+    malloc_arena_max: int = Field(
+        2, ge=0, description="glibc malloc arenas (mallopt M_ARENA_MAX), set at start before the threads; "
+        "0 = glibc's default (8 per core). An explicit MALLOC_ARENA_MAX environment variable wins")
+    malloc_trim_interval_s: float = Field(
+        30.0, ge=0, description="seconds between malloc_trim(0) calls returning free heap pages to the "
+        "system (glibc); 0 = never")
     stop_timeout_s: float = Field(
         10.0, ge=0, description="graceful stop (SIGTERM): the receivers keep answering while the queue drains, "
         "at most this long; then they close and the rest stays in the spool for the next start")
@@ -180,6 +207,15 @@ class Settings(BaseSettings):
 
         if len(parse_windows(v)) != 1 or parse_windows(v)[0][1] is None:
             raise ValueError(f"bad drift window {v!r}: one window like 1h or 24h (not 'all')")
+        return v
+
+    @field_validator("score_ci_every_cycle")
+    @classmethod
+    def _ci_windows(cls, v: str) -> str:
+        from relyscope.scoring.windows import parse_windows
+
+        if v.strip():
+            parse_windows(v)
         return v
 
     @field_validator("score_windows")

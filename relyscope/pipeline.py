@@ -161,7 +161,8 @@ class Pipeline:
         self.builder = TrajectoryBuilder(grace_s=settings.grace_period_s,
                                          root_timeout_s=settings.root_timeout_s,
                                          retain_s=settings.finalized_retain_s,
-                                         retain_bytes=settings.finalized_cache_bytes, forget_evicted=True)
+                                         retain_bytes=settings.finalized_cache_bytes, forget_evicted=True,
+                                         open_max_bytes=settings.open_traces_max_bytes)
         self.stats = Stats()
         self._cv = threading.Condition()
         # seq -> decoded batch (JSON, or a batch the store refused) or spool payload (protobuf)

@@ -15,6 +15,7 @@ import time
 
 import uvicorn
 
+from relyscope import memory
 from relyscope.collector.http_timeouts import h11_protocol_with_header_timeout
 from relyscope.collector.receivers import create_grpc_server, create_otlp_http_app
 from relyscope.config import Settings, parse_hostport
@@ -81,6 +82,7 @@ class Sidecar:
         self._grpc = None
         self._http: list[_UvicornThread] = []
         self._stopped = False
+        self._trimmer: memory.Trimmer | None = None
 
     def start(self) -> "Sidecar":
         """Open the store, start the pipeline and every server. On any failure (a port in use, a
@@ -95,6 +97,9 @@ class Sidecar:
     def _start(self) -> "Sidecar":
         s = self.settings
         token = s.auth_token.get_secret_value() if s.auth_token else None
+        if s.malloc_arena_max:  # before the store's and the pipeline's threads allocate
+            memory.set_arena_max(s.malloc_arena_max)
+        self._trimmer = memory.Trimmer(s.malloc_trim_interval_s).start()
         from relyscope.store.schema import Retention
 
         self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True,
@@ -150,3 +155,5 @@ class Sidecar:
             self.pipeline.shutdown(timeout_s=max(0.5, deadline - time.monotonic()))
         if self.store is not None:
             self.store.close()
+        if self._trimmer is not None:
+            self._trimmer.stop()

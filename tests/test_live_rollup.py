@@ -174,3 +174,19 @@ def test_cluster_ddl_variant_parses_and_is_replicated(store):
     assert ins.endswith("cityHash64(trial_id))")
     state = next(s for s in ddl if "{db}.scoring_state ON CLUSTER" in s)
     assert "/clickhouse/tables/all/" in state
+
+
+def test_undecided_trials_are_kept_only_for_a_judge(store):
+    """Complete trials left ``unknown`` are queued for an LLM judge only when one is configured:
+    without a judge nothing consumes the queue, and the scoring stage kept up to 10 000 whole
+    trials in it (issue 10: RSS grew ~5 KiB per stored trial)."""
+    rng = random.Random(7)
+    trials = [dataclasses.replace(make_trial(rng, i, task="t00", end_ns=int((NOW - 60) * 1e9)),
+                                  outcome="unknown", status="complete") for i in range(20)]
+    store.insert_trials(trials)
+    no_judge = Rollup(store, POLICY, traj_sample=1000)
+    no_judge.sync()
+    assert no_judge.undecided == []
+    judged = Rollup(store, POLICY, judge=True, traj_sample=1000)
+    judged.sync()
+    assert sorted(t.trial_id for t in judged.undecided) == sorted(t.trial_id for t in trials)

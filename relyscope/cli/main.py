@@ -122,7 +122,16 @@ def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
+    t0 = time.monotonic()
     sc.stop()
+    # the matching line at exit: how the stop went (what is left waits in the spool for the next start)
+    left = sc.pipeline.spool.pending_records if sc.pipeline is not None else 0
+    try:
+        print(json.dumps({"event": "stopped", "seconds": round(time.monotonic() - t0, 2),
+                          "spool_records_left": left,
+                          "open_traces_left": sc.pipeline.open_traces if sc.pipeline else 0}), flush=True)
+    except OSError:  # nobody reads our stdout any more: the stop itself went fine
+        pass
 
 
 def _provider(endpoint: str, protocol: str, service_name: str):
@@ -407,7 +416,7 @@ def demo(
     s = _settings(store=f"chdb://{data_dir.resolve()}/data", spool_dir=str(data_dir.resolve() / "spool"),
                   otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", api="127.0.0.1:0",
                   grace_period_s=0.5, score_interval_s=5.0,
-                  policy_file=str(Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"),
+                  policy_file=str(DEMO_POLICY),
                   shadow_targets={v: f"http://127.0.0.1:{target_port}/v/{v}/replay" for v in DEMO_VERSIONS}
                   if shadow else {},
                   shadow_rate=0.0, shadow_k=DEMO_K, shadow_j=DEMO_K, shadow_concurrency=4, shadow_interval_s=0.5,
@@ -452,6 +461,9 @@ def demo(
     print(demo_next_steps(data_dir), file=sys.stderr)  # plain: never wrapped or styled
 
 
+DEMO_POLICY = Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"
+
+
 def demo_next_steps(data_dir: Path) -> str:
     """What to do after the demo: keep a sidecar running, point an agent at it, where to look."""
     exe = Path(sys.executable).parent / "relyscope"
@@ -460,12 +472,16 @@ def demo_next_steps(data_dir: Path) -> str:
     else:  # as the user would type it from here: .venv/bin/relyscope after `make demo`
         rs = os.path.relpath(exe) if exe.resolve().is_relative_to(Path.cwd().resolve()) else str(exe)
     store = f"chdb://{data_dir.resolve()}/data"
+    policy = DEMO_POLICY.resolve()
+    if policy.is_relative_to(Path.cwd().resolve()):
+        policy = policy.relative_to(Path.cwd().resolve())
     return "\n".join([
         "",
         "next steps:",
         f"  keep a sidecar running:   {rs} serve            (OTLP :4317 gRPC / :4318 HTTP, API :9464;",
         "                            embedded store ./.relyscope/data; Ctrl-C stops it, data is kept)",
-        f"  browse the demo's data:   {rs} serve --store {store}",
+        f"  browse the demo's data:   {rs} serve --store {store} --policy {policy}",
+        "                            (with the demo's safety policy, so gates and S_* read as in the demo)",
         "  point your agent at it:   OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 "
         "(README: \"Point an already-instrumented agent at it\")",
         "  give runs a task and an outcome: README \"First ten minutes with your framework\"",

@@ -26,6 +26,7 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
 ``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
 ``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
+``relyscope_open_traces_bytes``, ``relyscope_open_traces_finalized_early_total``,
 ``relyscope_inflight_bytes``. No task, trial or trace id is ever a label.
 """
 
@@ -147,6 +148,11 @@ class _ReliabilityCollector(Collector):
         yield GaugeMetricFamily("relyscope_spool_oldest_age_seconds", "Age of the oldest uncommitted spool record", value=p.spool.oldest_pending_age_s)
         yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
         yield GaugeMetricFamily("relyscope_open_traces", "Traces buffered and not yet finalized", value=p.open_traces)
+        yield GaugeMetricFamily("relyscope_open_traces_bytes", "Estimated memory of the open traces "
+                                "(bounded by RELYSCOPE_OPEN_TRACES_MAX_BYTES)", value=p.builder.open_bytes)
+        yield CounterMetricFamily("relyscope_open_traces_finalized_early", "Open traces finalized before their "
+                                  "timeout because the open traces reached RELYSCOPE_OPEN_TRACES_MAX_BYTES",
+                                  value=p.builder.finalized_early)
         yield CounterMetricFamily("relyscope_finalized_traces_evicted", "Finalized traces evicted from the "
                                   "late-span cache (by age or by RELYSCOPE_FINALIZED_CACHE_BYTES)", value=p.builder.evicted)
         yield GaugeMetricFamily("relyscope_finalized_cache_bytes", "Estimated memory of the finalized traces kept "

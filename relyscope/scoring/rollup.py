@@ -224,6 +224,13 @@ class Rollup:
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
         self.undecided: list[Trial] = []
+        #: every contribution row written to ``contrib_log`` by the syncs since the caller last
+        #: emptied it (layout :data:`_LOG_COLS`; a row is appended once ClickHouse took its
+        #: insert, so a sync that fails later still reports what it wrote) — what the in-memory
+        #: windows (:mod:`relyscope.scoring.live`) are updated from
+        self.rows: list[list] = []
+        #: bumped by :meth:`rebuild` (in-memory copies of the rollups must reload)
+        self.generation = 0
         for ddl in ROLLUP_SCHEMA:
             _command(store, ddl)
         # only where the TTL differs: a MODIFY TTL rewrites the table's parts on a server
@@ -271,17 +278,33 @@ class Rollup:
                           "WHERE judged_at > fromUnixTimestamp64Milli(%(w)s)", {"w": max(0, wj - OVERLAP_NS // 10**6)})
                 by_trial |= {r[0] for r in jrows}
                 new_wj = max([wj] + [int(r[1]) for r in jrows])
+            named = {r[1] for r in orows if r[0] == "trace"}
             if by_trial:
-                trace_ids |= {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE trial_id IN %(ids)s",
-                                              {"ids": sorted(by_trial)})}
+                named |= {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE trial_id IN %(ids)s",
+                                          {"ids": sorted(by_trial)})}
+                trace_ids |= named
+            # traces whose rows are all recent and that nothing else names (no posted outcome,
+            # verdict or replay): loaded from the recent rows alone (no FINAL over the table)
+            wmin = max(0, wt - OVERLAP_NS)
+            fast: dict[str, set[str]] = {}
+            for r in rows:
+                fast.setdefault(r[1], set()).add(r[0])
+            slow = (trace_ids - set(fast)) | (named & set(fast))
             if trace_ids:  # replays of changed production runs resolve against them (§6 item 4)
-                trace_ids |= {r[0] for r in q(
-                    "SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN "
-                    "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(trace_ids)})}
+                ids = sorted({i for t in trace_ids - slow for i in fast[t]})
+                replays = {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN %(ids)s",
+                                           {"ids": ids or [""]})} if ids else set()
+                if slow:
+                    replays |= {r[0] for r in q(
+                        "SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN "
+                        "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(slow)})}
+                slow |= replays
+                trace_ids |= replays
+            fast = {t: v for t, v in fast.items() if t in trace_ids and t not in slow}
             changed: set[GroupKey] = set()
             tids = sorted(trace_ids)
             for i in range(0, len(tids), _BATCH):
-                changed |= self._refold(tids[i:i + _BATCH])
+                changed |= self._refold(tids[i:i + _BATCH], fast, wmin)
             self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj})
             if not self._retention_applied:
                 # every trial stored before this sync is folded in now: only from here may the
@@ -294,21 +317,34 @@ class Rollup:
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
             return changed
 
-    def _refold(self, trace_ids: list[str]) -> set[GroupKey]:
+    def _refold(self, trace_ids: list[str], fast: dict[str, set[str]] | None = None,
+                min_version_ns: int = 0) -> set[GroupKey]:
         """Re-resolve the trials of ``trace_ids`` and replace their contributions (−old, +new, in
-        one insert); retract those of trial ids these traces no longer have (superseded)."""
+        one insert); retract those of trial ids these traces no longer have (superseded).
+        ``fast``: trace → trial ids of its rows stored after ``min_version_ns``, for traces whose
+        change is those rows alone (read from the recent rows; the others from the whole table)."""
         q = self.store.query
-        trials = self.store.load_trials(trace_ids=trace_ids)
+        fast = fast or {}
+        quick = [t for t in trace_ids if t in fast]
+        slow = [t for t in trace_ids if t not in fast]
+        trials = self.store.load_trials(trace_ids=quick, min_version_ns=min_version_ns) if quick else []
+        if slow:
+            trials += self.store.load_trials(trace_ids=slow)
         ids = [t.trial_id for t in trials]
-        # every trial id these traces ever had (a re-keyed trial leaves a tombstone row)
-        all_ids = {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
-                                   {"t": trace_ids})} | set(ids)
+        # every trial id these traces ever had (a re-keyed trial leaves a tombstone row, recent
+        # when the re-keying is)
+        all_ids = {i for t in quick for i in fast[t]} | set(ids)
+        if slow:
+            all_ids |= {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
+                                        {"t": slow})}
         resolved = self.resolve(trials)
         prev = self._current(all_ids)
         new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
         grades: dict[GroupKey, dict] = {}
         for t in resolved:
-            if t.outcome == "unknown" and t.status == "complete":
+            # only for a judge: without one nobody empties the stage's queue of them, and it held
+            # up to 10 000 whole trials (steps too), growing with the history (bench_memory.py)
+            if self.judge and t.outcome == "unknown" and t.status == "complete":
                 self.undecided.append(t)
             pol = policy_for(self.policy, t.agent_name)
             g = grade_trial(t, pol)
@@ -334,6 +370,7 @@ class Rollup:
         # one INSERT: the rollups, the trajectory sample and the current contributions are all
         # written by the materialized views of this one block
         self.store._insert("contrib_log", rows, _LOG_COLS)
+        self.rows += rows
         if self.write_grades:
             from relyscope.scoring.stage import grade_rows_of  # the grades table's row shape
 
@@ -353,6 +390,12 @@ class Rollup:
 
     def _current(self, trial_ids: Iterable[str]) -> dict[str, tuple[GroupKey, _Current]]:
         ids = sorted(set(trial_ids))
+        if not ids:
+            return {}
+        # which of them have a contribution at all (one column; new trials have none), before
+        # reading the full rows with FINAL
+        ids = [r[0] for r in self.store.query(
+            "SELECT DISTINCT trial_id FROM {db}.contrib WHERE trial_id IN %(ids)s ORDER BY trial_id", {"ids": ids})]
         if not ids:
             return {}
         rows = self.store.query(
@@ -408,6 +451,8 @@ class Rollup:
             for table in ROLLUP_TABLES:
                 _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
             self._seen = {}
+            self.generation += 1
+            self.rows = []
         return self.sync()
 
     # ---- reads ----------------------------------------------------------------------------------
@@ -424,13 +469,14 @@ class Rollup:
 
     def window_stats(self, group: GroupKey, since_s: int, window_s: float | None, *,
                      until_s: int | None = None, level: int | None = None,
-                     members: list[tuple[str, str]] | None = None) -> TaskStats:
+                     members: list[tuple[str, str]] | None = None, trajectories: bool = True) -> TaskStats:
         """Per-task statistics of ``group`` over the buckets from ``since_s`` (Unix seconds; see
         :func:`window_start`) — and before ``until_s`` if given — at the level of ``window_s``
         (None: all time) unless ``level`` is given, with the trajectory sample (the most recent
         ``traj_sample`` successful runs per task that ended in the window). ``members``: pool
         these (agent, version) pairs of run kind ``group[2]`` instead (sums are additive; a task id
-        shared by several of them is one task) — the cardinality cap's ``other`` group."""
+        shared by several of them is one task) — the cardinality cap's ``other`` group.
+        ``trajectories`` False: skip the trajectory sample (``trajectories`` left empty lists)."""
         level = level if level is not None else level_for(window_s)[0]
         p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s or 2**31}
         who = "agent = %(a)s AND version = %(v)s"
@@ -451,6 +497,8 @@ class Rollup:
             f"SELECT task_id, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
             "GROUP BY task_id, q HAVING sum(pos) != 0 OR sum(neg) != 0 ORDER BY task_id, q", p) if r[0] in idx]
         traj: list[list[tuple[str, ...]]] = [[] for _ in ids]
+        if not trajectories:
+            return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
         p["m"] = self.traj_sample
         p["hs"] = since_s // 3600 * 3600
         for r in self.store.query(
@@ -461,6 +509,55 @@ class Rollup:
             if r[0] in idx:
                 traj[idx[r[0]]].append(tuple(r[1]))
         return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
+
+    def range_stats(self, groups: list[GroupKey], level: int, since_s: int, until_s: int) -> dict[GroupKey, TaskStats]:
+        """Per-task statistics of each of ``groups`` over the buckets of ``level`` in
+        [``since_s``, ``until_s``) — :meth:`window_stats` without trajectories, for many groups
+        in one read (the buckets a sliding window leaves, for every group at once)."""
+        if not groups:
+            return {}
+        p = {"g": sorted(f"{a}\0{v}\0{k}" for a, v, k in groups), "l": level, "s": since_s, "u": until_s}
+        where = ("concat(agent, '\\0', version, '\\0', run_kind) IN %(g)s AND level = %(l)s "
+                 "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
+        rows = self.store.query(
+            f"SELECT agent, version, run_kind, task_id, toUnixTimestamp64Nano(max(max_end)), "
+            f"{', '.join(f'sum({c})' for c in _SUM_NAMES)} FROM {{db}}.task_stats WHERE {where} "
+            "GROUP BY agent, version, run_kind, task_id HAVING sum(n_all) != 0 ORDER BY agent, version, run_kind, task_id", p)
+        per: dict[GroupKey, list] = {}
+        for r in rows:
+            per.setdefault((r[0], r[1], r[2]), []).append(r[3:])
+        hist: dict[GroupKey, list] = {}
+        for r in self.store.query(
+                f"SELECT agent, version, run_kind, task_id, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
+                "GROUP BY agent, version, run_kind, task_id, q HAVING sum(pos) != 0 OR sum(neg) != 0 "
+                "ORDER BY agent, version, run_kind, task_id, q", p):
+            hist.setdefault((r[0], r[1], r[2]), []).append((r[3], float(r[4]), int(r[5]), int(r[6])))
+        out = {}
+        for g in groups:
+            rs = per.get(g, [])
+            ids = [r[0] for r in rs]
+            idx = {t: i for i, t in enumerate(ids)}
+            sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[2:]] for r in rs],
+                            dtype=object).reshape(len(ids), len(_SUM_NAMES))
+            h = [(idx[t], q, a, b) for t, q, a, b in hist.get(g, []) if t in idx]
+            out[g] = TaskStats(ids, sums, h, [[] for _ in ids], max_end_ns=max((int(r[1]) for r in rs), default=0))
+        return out
+
+    def traj_runs(self, group: GroupKey, tasks: list[str] | None = None) -> list[tuple]:
+        """The all-time trajectory sample of ``group`` (of ``tasks`` only, if given): rows
+        ``(task_id, end Unix ns, trial_id, actions)``, per task the ``traj_sample`` most recent
+        alive runs, most recent first, ties by trial id (the order :meth:`window_stats` reads)."""
+        p = {"a": group[0], "v": group[1], "k": group[2], "m": self.traj_sample}
+        only = ""
+        if tasks is not None:
+            if not tasks:
+                return []
+            p["t"] = tasks
+            only = "AND task_id IN %(t)s "
+        return self.store.query(
+            "SELECT task_id, toUnixTimestamp64Nano(end_time), trial_id, actions FROM {db}.traj_sample FINAL "
+            f"WHERE agent = %(a)s AND version = %(v)s AND run_kind = %(k)s {only}AND alive "
+            "ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p)
 
 
 def _command(store: Store, ddl: str) -> None:

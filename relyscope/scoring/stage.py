@@ -29,6 +29,7 @@ from relyscope.scorers.review import GroupReview, policy_for, review_group, scor
 from relyscope.scoring.rollup import Rollup, window_start
 from relyscope.shadow.grading import resolve_replays
 from relyscope.scoring.drift import drift as drift_of
+from relyscope.scoring.live import LiveStats
 from relyscope.scoring.stats import score_stats
 from relyscope.scoring.windows import parse_windows, window_name
 from relyscope.store import Store, StoreUnavailable
@@ -107,6 +108,25 @@ class ScoreStage:
         #: group → metric → Drift of the current vs the reference window (live groups only)
         self.drift: dict[GroupKey, dict] = {}
         self._drift_cur = parse_windows(settings.drift_current)[0][1]
+        self._live: LiveStats | None = None
+        self._rows: list[list] = []  # contribution rows synced, not yet folded into memory
+        #: CI refreshes (long windows and drift) made by the last rescore, and its seconds per
+        #: phase (for benches)
+        self.last_refreshes = 0
+        self.phase_s: dict[str, float] = {}
+        self._live_gen = 0
+        self._ver: dict[tuple[GroupKey, str], int] = {}  # in-memory window version last scored
+        self._ci_every_cycle = {n for n, _ in parse_windows(settings.score_ci_every_cycle)} \
+            if settings.score_ci_every_cycle.strip() else set()
+        self._ci_dirty: set = set()  # (group, window | 'drift') changed since its CI was computed
+        self._ci_at: dict = {}  # ... → when its CI was last computed
+        self._ci_scores: dict[tuple[GroupKey, str], GroupScore] = {}  # ... → the score with those CIs
+        self._ci_credit = 0.0
+        self._ci_clock = 0.0
+        self._checked_at: dict[tuple[GroupKey, str], float] = {}
+        self._review_dirty: set[GroupKey] = set()  # changed since their report sections were made
+        self._check_credit = 0.0
+        self._check_clock = 0.0
         self._drift_ref = parse_windows(settings.drift_reference)[0][1]
 
     def mark_dirty(self, groups) -> None:
@@ -238,7 +258,17 @@ class ScoreStage:
                                   traj_ttl_days=s.traj_sample_ttl_days)
         return self._rollup
 
+    def live(self) -> LiveStats:
+        """The in-memory window statistics (created with the rollups)."""
+        if self._live is None:
+            self._live = LiveStats(self.rollup(), [w for w in self.windows])
+            self._live_gen = self.rollup().generation
+        return self._live
+
     def _sync(self) -> None:
+        """Fold the store's changes into the rollups; the contribution rows written (also those
+        of a sync that failed part way: they are in ClickHouse) wait in ``_rows`` for the next
+        rescore to fold them into the in-memory windows."""
         ru = self.rollup()
         with self._score_lock:
             pending, self._pending_traces = self._pending_traces, set()
@@ -248,6 +278,9 @@ class ScoreStage:
             with self._score_lock:
                 self._pending_traces |= pending
             raise
+        finally:
+            self._rows += ru.rows
+            ru.rows = []
         for t in ru.undecided:
             self._undecided[t.trial_id] = t
             self._undecided.move_to_end(t.trial_id)
@@ -255,11 +288,56 @@ class ScoreStage:
             self._undecided.popitem(last=False)
         ru.undecided = []
 
+    def _refresh_set(self, groups: set[GroupKey], all_groups: bool, now: float) -> set:
+        """The (group, window | 'drift') keys whose CIs are recomputed this cycle: every changed
+        one never computed or (``all_groups``, interval 0) all changed; else the stalest of those
+        due (CI older than ``score_ci_interval_s``), at the rate that refreshes each once per
+        interval (a credit of items × elapsed / interval, spent one refresh at a time)."""
+        interval = self.settings.score_ci_interval_s
+        cands = [k for k in self._ci_dirty if k[0] in groups]
+        if all_groups or interval <= 0:
+            return set(cands)
+        out = {k for k in cands if k not in self._ci_at}
+        due = sorted((k for k in cands if k in self._ci_at and now - self._ci_at[k] >= interval),
+                     key=lambda k: self._ci_at[k])
+        dt = max(0.0, now - self._ci_clock) if self._ci_clock else self.settings.score_interval_s
+        self._ci_clock = now
+        n_items = len(set(self._ci_at) | set(cands))
+        self._ci_credit = min(self._ci_credit + n_items * dt / interval, float(max(1, len(due))))
+        take = min(len(due), int(self._ci_credit))
+        self._ci_credit -= take
+        return out | set(due[:take])
+
+    def _check_some(self, live: LiveStats, groups: set[GroupKey], now: float) -> None:
+        """The periodic consistency check: compare the stalest in-memory windows with the
+        rollups (each at least every ``live_check_interval_s``, spread over the cycles)."""
+        keys = [(g, name) for g in live.groups() if g in groups for name, _ in live._windows_of(g)]
+        if not keys:
+            return
+        dt = max(0.0, now - self._check_clock) if self._check_clock else self.settings.score_interval_s
+        self._check_clock = now
+        self._check_credit = min(self._check_credit + len(keys) * dt / self.settings.live_check_interval_s,
+                                 float(len(keys)))
+        keys.sort(key=lambda k: self._checked_at.get(k, 0.0))
+        while self._check_credit >= 1 and keys:
+            g, name = keys.pop(0)
+            self._check_credit -= 1
+            live.check(g, name, now)
+            self._checked_at[(g, name)] = now
+
     def _rescore_incremental(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
-        """Fold the changes since the last cycle into the rollups, then rescore each (group,
-        window) whose statistics changed or whose window start moved to the next bucket; an
-        unchanged window is not recomputed. Cost: the changed trials plus, per rescored window,
-        its tasks (× B for the bootstrap) — never the trial history."""
+        """Fold the changes since the last cycle into the rollups and into the in-memory window
+        statistics (:mod:`relyscope.scoring.live`), then rescore each (group, window) whose
+        statistics changed or whose window slid; an unchanged window is not recomputed.
+
+        Windows of ``score_ci_every_cycle`` (default 5m, 1h) are scored with their bootstrap CIs
+        from memory every cycle. The others (24h, 7d, all) get point estimates from memory every
+        cycle, published with the CIs of their last refresh; a refresh (a ClickHouse read of the
+        window, which is also a consistency check of the memory, then the bootstrap) comes at most
+        every ``score_ci_interval_s`` per window, spread over the cycles (stalest first); drift
+        (metrics.md §10) likewise. ``all_groups`` (start, flush, a posted outcome) refreshes every
+        changed window's CI at once. Cost per cycle: the changed trials, the tasks of changed
+        windows (× B for the every-cycle CIs), plus a share of the refreshes — never the history."""
         with self._score_lock:
             self._dirty_groups.clear()  # the rollup's watermarks find every change
         self._sync()
@@ -270,45 +348,133 @@ class ScoreStage:
             for t in pending[: self.settings.judge_max_per_cycle]:
                 self._undecided.pop(t.trial_id, None)
         ru = self.rollup()
+        live = self.live()
+        if ru.generation != self._live_gen:  # rebuilt: every in-memory window reloads
+            live.drop()
+            self._live_gen = ru.generation
+        rows_in, self._rows = self._rows, []
+        clk = time.perf_counter
+        t0 = clk()
+        live.apply(rows_in)
+        ph = self.phase_s = {"apply": clk() - t0}
         plan = self._plan(ru)  # published group → pooled (agent, version) members, or None
         changed_pub = {self._published_as(g) for g in self._changed}
         groups = set(plan) if all_groups or not self.window_scores else \
             (set(self.window_scores.get(self.primary_window, {})) | changed_pub) & set(plan)
         now = time.time()
+        s = self.settings
         out = {name: dict(self.window_scores.get(name, {})) for name, _ in self.windows}
         drift = dict(self.drift)
         rows: list[dict] = []
+        for g in list(live.groups()):
+            if g not in plan or plan[g] is not None:
+                live.drop(g)  # gone, or folded into 'other' (scored from ClickHouse)
+        # 1. memory to now; which windows changed
+        t0 = clk()
+        todo: list[tuple[GroupKey, str, float | None]] = []
+        changed_of: dict[GroupKey, bool] = {}
         for g in sorted(groups):
-            # all_groups (start, flush, a posted outcome) need not redo unchanged windows: the
-            # sync above found every change; only groups never published are new here
-            changed = g in changed_pub or g not in out.get(self.primary_window, {})
+            if plan[g] is None and not live.loaded(g):
+                live.load(g, now)
+                for name, _ in live._windows_of(g):
+                    self._checked_at[(g, name)] = now
+        live.advance_all([g for g in sorted(groups) if plan[g] is None], now)
+        for g in sorted(groups):
             members = plan[g]
-            measured = policy_for(self.policy, g[0]) is not None
+            changed = changed_of[g] = g in changed_pub or g not in out.get(self.primary_window, {})
             wins = [("all", None)] if g[2] == "offline" else self.windows
             for name, length in wins:
-                since = window_start(now, length)
-                if not changed and self._scored_since.get((g, name)) == since:
+                key = (g, name)
+                if members is None:
+                    ver = live.window(g, name).version
+                    if ver == self._ver.get(key) and g in out[name]:
+                        continue
+                    self._ver[key] = ver
+                elif not changed and self._scored_since.get(key) == window_start(now, length) and g in out[name]:
                     continue
-                st = ru.window_stats(g, since, length, members=members)
-                gs = score_stats(st, safety_measured=measured,
-                                 n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k)
-                self._scored_since[(g, name)] = since
-                targets = [n for n, _ in self.windows] if g[2] == "offline" else [name]
-                for n in targets:
-                    out[n][g] = gs
-                if name == self.primary_window or (g[2] == "offline"):
-                    # window end: the latest trial end in it, so rescoring unchanged data
-                    # writes the same row (the scores table is a ReplacingMergeTree on it)
-                    rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, self.settings.n_boot, name,
-                                         stats_digest(st))
+                todo.append((g, name, length))
             if g[2] != "offline" and (changed or self._scored_since.get((g, "drift")) != window_start(now, 60)):
-                drift[g] = self._drift(ru, g, now, measured, members)
+                self._ci_dirty.add((g, "drift"))
                 self._scored_since[(g, "drift")] = window_start(now, 60)
-            due = all_groups or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S or g not in self._extras
-            if changed and due and members is None:
-                self._extras[g] = self._review(g, now)
-                self._reviewed_at[g] = now
-            elif members is not None:
+        every = self._ci_every_cycle
+        for g, name, _ in todo:
+            if name not in every or plan[g] is not None:
+                self._ci_dirty.add((g, name))
+        ph["advance"] = clk() - t0
+        # 2. which CIs are refreshed this cycle
+        refresh = self._refresh_set(groups, all_groups, now)
+        self.last_refreshes = len(refresh)
+        queued = {(g, name) for g, name, _ in todo}
+        lengths = dict(self.windows) | {"all": None}
+        for g, name in sorted(refresh):  # a stale CI of a window unchanged since: refresh it too
+            if name != "drift" and (g, name) not in queued:
+                todo.append((g, name, lengths[name]))
+        # 3. score
+        t0 = clk()
+        ph["refresh"] = 0.0
+        for g, name, length in todo:
+            members = plan[g]
+            measured = policy_for(self.policy, g[0]) is not None
+            key = (g, name)
+            since = window_start(now, length)
+            self._scored_since[key] = since
+            full = key in refresh or (members is None and name in every)
+            t1 = clk()
+            if members is not None or (full and name not in every):
+                # pooled 'other' group, or a CI refresh: read the window from ClickHouse
+                st = ru.window_stats(g, since, length, members=members)
+                if members is None:
+                    live.check(g, name, now, fresh=st)
+                    self._checked_at[key] = now
+            else:
+                st = live.stats(g, name)
+            if full or members is not None:
+                gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
+                self._ci_at[key] = now
+                self._ci_dirty.discard(key)
+                self._ci_scores[key] = gs
+            else:
+                gs = _with_cis(score_stats(st, safety_measured=measured, n_boot=0, seed=0, max_k=s.max_k),
+                               self._ci_scores.get(key), s.n_boot)
+            targets = [n for n, _ in self.windows] if g[2] == "offline" else [name]
+            for n in targets:
+                out[n][g] = gs
+            if (full or members is not None) and (name == self.primary_window or g[2] == "offline"):
+                # window end: the latest trial end in it, so rescoring unchanged data
+                # writes the same row (the scores table is a ReplacingMergeTree on it)
+                rows += _window_rows(g, gs, since, st.max_end_ns / 1e9 or now, s.n_boot, name, stats_digest(st))
+            if key in refresh:
+                ph["refresh"] += clk() - t1
+        ph["score"] = clk() - t0 - ph["refresh"]
+        t0 = clk()
+        for g in sorted(groups):
+            key = (g, "drift")
+            if g[2] != "offline" and key in refresh:
+                drift[g] = self._drift(ru, g, now, policy_for(self.policy, g[0]) is not None, plan[g])
+                self._ci_at[key] = now
+                self._ci_dirty.discard(key)
+        ph["drift"] = clk() - t0
+        t0 = clk()
+        self._check_some(live, groups, now)
+        ph["check"] = clk() - t0
+        t0 = clk()
+        # report sections: a changed group's are refreshed when new, on all_groups, else at most
+        # one group per cycle (the stalest whose sections are _REVIEW_EVERY_S old): a review
+        # reloads and regrades _REVIEW_RECENT trials, far more than a cycle's own work
+        self._review_dirty |= {g for g in groups if changed_of[g] and plan[g] is None}
+        self._review_dirty &= {g for g in plan if plan[g] is None}
+        now_due = sorted((g for g in self._review_dirty if g in groups and (
+            all_groups or g not in self._extras or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S)),
+            key=lambda g: (g in self._extras, self._reviewed_at.get(g, 0.0)))
+        if not all_groups:
+            now_due = [g for g in now_due if g not in self._extras] or now_due[:1]
+        for g in now_due:
+            self._extras[g] = self._review(g, now)
+            self._reviewed_at[g] = now
+            self._review_dirty.discard(g)
+        for g in sorted(groups):
+            members = plan[g]
+            if members is not None:
                 self._extras[g] = {"warnings": [
                     f"{len(members)} (agent, version) label sets beyond RELYSCOPE_MAX_LABEL_SETS="
                     f"{self.settings.max_label_sets} are scored together as agent=version='other'"
@@ -316,6 +482,7 @@ class ScoreStage:
                        "object's repr with a memory address (an instrumentation bug: pass the agent's name)"
                        if any(_looks_like_repr(a) for a, _ in members) else "")],
                     "folded_label_sets": len(members)}
+        ph["review"] = clk() - t0
         for name in out:  # groups folded since they were published
             for g in [g for g in out[name] if g not in plan]:
                 del out[name][g]
@@ -361,7 +528,8 @@ class ScoreStage:
         ref = ru.window_stats(g, split - int(self._drift_ref), self._drift_ref, until_s=split, level=1,
                               members=members)
         return drift_of(cur, ref, safety_measured=measured, threshold=self.settings.drift_threshold,
-                        n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k)
+                        n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k,
+                        alert_level=self.settings.drift_alert_level, min_trials=self.settings.drift_min_trials)
 
     def _review(self, g: GroupKey, now: float) -> dict:
         """Report sections beyond the metrics (violations, attribution, control rates, worst
@@ -421,9 +589,44 @@ class ScoreStage:
         return dict(self.scores)
 
 
+def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int) -> GroupScore:
+    """Point estimates ``point`` (scored with n_boot = 0) published with the intervals of the
+    last CI refresh ``ci_from`` (a metric it lacks, or one undefined now, has none)."""
+    import dataclasses as _dc
+
+    prev = ci_from.metrics if ci_from is not None else {}
+    metrics = {k: _dc.replace(mv, ci=prev[k].ci if k in prev and not math.isnan(mv.value) else None)
+               for k, mv in point.metrics.items()}
+    return _dc.replace(point, metrics=metrics, n_boot=n_boot)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(o):
+    """``dataclasses.asdict`` for JSON output (same dicts, lists, tuples and leaves; 5–10× faster:
+    field names cached per class, leaves not deep-copied since they are serialized at once)."""
+    cls = type(o)
+    names = _FIELD_NAMES.get(cls)
+    if names is None and hasattr(cls, "__dataclass_fields__") and not isinstance(o, type):
+        import dataclasses as _dc
+
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in _dc.fields(o))
+    if names is not None:
+        return {n: _plain(getattr(o, n)) for n in names}
+    if cls is list or cls is tuple:
+        return cls(_plain(v) for v in o)
+    if isinstance(o, tuple) and hasattr(o, "_fields"):  # namedtuple, as asdict
+        return cls(*[_plain(v) for v in o])
+    if isinstance(o, (list, tuple)):
+        return cls(_plain(v) for v in o)
+    if isinstance(o, dict):
+        return type(o)((_plain(k), _plain(v)) for k, v in o.items())
+    return o
+
+
 def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
     """Rows for the ``grades`` table: one per trial, the grade as JSON, versioned by time."""
-    import dataclasses as _dc
     import json
 
     from relyscope.semconv import FORMULA_SET
@@ -431,7 +634,7 @@ def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
     now = time.time_ns()
     out = []
     for i, (tid, g) in enumerate(sorted(rv.grades.items())):
-        d = _dc.asdict(g)
+        d = _plain(g)
         out.append({"trial_id": tid, "agent": group[0], "version": group[1], "run_kind": group[2],
                     "grade": json.dumps(d, default=str, ensure_ascii=True), "severity": float(g.severity),
                     "attribution": g.attribution.category.value if g.attribution else "",

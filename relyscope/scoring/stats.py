@@ -151,13 +151,21 @@ class TaskStats:
     Int128 sums stay exact); ``hist`` ``(task index, q, successes, failures)`` rows of the
     confidence histogram; ``trajectories[i]`` the action sequences of task i's successful nominal
     runs used for C_traj (all of them, or the live scorer's bounded sample). ``max_end_ns``: the
-    latest end time (Unix ns) of a trial folded into these buckets (0: unknown)."""
+    latest end time (Unix ns) of a trial folded into these buckets (0: unknown).
+    ``pooled_hist``: instead of ``hist``, the histogram summed over tasks, ``(q, successes,
+    failures)`` rows — enough for every point estimate, not for a bootstrap (the in-memory long
+    windows of :mod:`relyscope.scoring.live` keep only this). ``traj_values``: see the field."""
 
     task_ids: list[str]
     sums: NDArray[Any]
     hist: list[tuple[int, float, int, int]] = field(default_factory=list)
     trajectories: list[list[tuple[str, ...]]] = field(default_factory=list)
     max_end_ns: int = 0
+    pooled_hist: list[tuple[float, int, int]] | None = None
+    #: optional (C_traj_d, C_traj_s) per task (arrays aligned with ``task_ids``) of
+    #: ``trajectories``, as :func:`relyscope.scorers.metrics.c_traj_d_per_task` /
+    #: ``c_traj_s_per_task`` give them: a caller that caches them skips recomputing
+    traj_values: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
     def col(self, name: str) -> NDArray[Any]:
         return self.sums[:, _COL_INDEX[name]] if self.sums.size else np.zeros(0, dtype=object)
@@ -195,21 +203,28 @@ def _f(a: NDArray[Any]) -> NDArray[np.float64]:
 def _c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
     """Per-task C_res (metrics.md §3, as :func:`relyscope.scorers.metrics.c_res_per_task`) from the
     exact integer sums: per resource ``CV = sqrt(var) / |mean|``; skipped (NaN) with < 2 values or
-    mean = std = 0; +inf (excluded) when mean = 0 < std."""
+    mean = std = 0; +inf (excluded) when mean = 0 < std. The numerator ``n Σx² − (Σx)²`` is
+    formed in exact integers (object arrays: elementwise Python ints, no per-task loop here)."""
     nt = len(st.task_ids)
     cv = np.full((nt, N_RES), np.nan)
     for r in range(N_RES):
-        cnt, s, ss = st.col(f"r{r}_n"), st.col(f"r{r}_s"), st.col(f"r{r}_ss")
-        for i in range(nt):
-            n, sm, sq = int(cnt[i]), int(s[i]), int(ss[i])
-            if n < 2:
-                continue
-            num = n * sq - sm * sm  # = n(n-1) var, exact; ≥ 0
-            if sm == 0:
-                cv[i, r] = np.inf if num > 0 else np.nan
-                continue
-            # CV = sqrt(var)/|mean| = sqrt(num / (n (n-1))) * n / |sm| = sqrt(num * n / (n-1)) / |sm|
-            cv[i, r] = math.sqrt(num / (n * (n - 1))) * n / abs(sm)
+        cnt = np.asarray(st.col(f"r{r}_n"), dtype=np.int64)
+        ok = np.flatnonzero(cnt >= 2)
+        if not ok.size:
+            continue
+        n = cnt[ok]
+        sm = st.col(f"r{r}_s")[ok].astype(object)
+        num = n.astype(object) * st.col(f"r{r}_ss")[ok].astype(object) - sm * sm  # = n(n-1) var, exact; ≥ 0
+        numf = np.array([float(x) for x in num])  # correctly rounded, as Python's int → float
+        smf = np.abs(np.array([float(x) for x in sm]))
+        nf = n.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            # CV = sqrt(var)/|mean| = sqrt(num / (n (n-1))) * n / |sm|
+            v = np.sqrt(numf / (nf * (nf - 1.0))) * nf / smf
+        zero = np.array([x == 0 for x in sm], dtype=bool)
+        pos = np.array([x > 0 for x in num], dtype=bool)
+        v = np.where(zero, np.where(pos, np.inf, np.nan), v)
+        cv[ok, r] = v
     finite = np.isfinite(cv)
     k = finite.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -268,10 +283,15 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
         per = fn(c, n)
         results[key] = M.mean_over_tasks(per, n)
         stats[key] = ("mean", cols.mean(per))
-    enc = M.encode_trajectories(sub.trajectories if n_tasks else [])
-    m_succ = np.where(enc.task_sizes >= 2, enc.task_sizes, 0)
-    for key, fn in (("C_traj_d", M.c_traj_d_per_task), ("C_traj_s", M.c_traj_s_per_task)):
-        per = fn(enc)
+    if st.traj_values is not None:  # per-task values computed (and cached) by the caller
+        sizes = np.array([len(x) for x in sub.trajectories], dtype=np.int64)
+        m_succ = np.where(sizes >= 2, sizes, 0)
+        pers = [np.asarray(v, dtype=np.float64)[usable] for v in st.traj_values]
+    else:
+        enc = M.encode_trajectories(sub.trajectories if n_tasks else [])
+        m_succ = np.where(enc.task_sizes >= 2, enc.task_sizes, 0)
+        pers = [M.c_traj_d_per_task(enc), M.c_traj_s_per_task(enc)]
+    for key, per in zip(("C_traj_d", "C_traj_s"), pers):
         results[key] = M.mean_over_tasks(per, m_succ)
         stats[key] = ("mean", cols.mean(per))
     results["C_traj"] = M.c_traj(results["C_traj_d"], results["C_traj_s"])
@@ -308,6 +328,13 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
     ece = float(M.ece_from_bins(cal_n.sum(axis=0), cal_y.sum(axis=0), cal_q.sum(axis=0))) if n_pred else nan
     results["P_cal"] = pooled(1.0 - ece) if n_pred else M.MetricResult(nan, 0, 0)
     stats["P_cal"] = ("cal", cols.add(cal_n, cal_y, cal_q))
+    if st.pooled_hist is not None:  # point estimates only: no per-task histogram blocks
+        pp = np.array([p for _, p, _ in st.pooled_hist], dtype=np.float64)
+        pn = np.array([g for *_, g in st.pooled_hist], dtype=np.float64)
+        auc = float(M.auroc_from_histograms(pp, pn)) if n_pred and pp.size else nan
+        empty = sparse.csr_matrix((n_tasks, 1))
+        return _finish(results, stats, cols, sub, col, auc, pred_tasks, n_pred, safety_measured, K,
+                       [empty, empty], (n_all_tasks, int(all_n.sum()), int(inv_n.sum()), int(inc_n.sum())))
     uq = sorted({q for _, q, _, _ in sub.hist})
     qpos = {q: i for i, q in enumerate(uq)}
     rows_t = np.array([t for t, _, _, _ in sub.hist], dtype=np.int64)
@@ -317,9 +344,22 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
     hist_neg = sparse.csr_matrix((np.array([g for *_, g in sub.hist], dtype=np.float64), (rows_t, rows_q)), shape=shape)
     auc = float(M.auroc_from_histograms(np.asarray(hist_pos.sum(axis=0)).ravel(),
                                         np.asarray(hist_neg.sum(axis=0)).ravel())) if n_pred else nan
+    return _finish(results, stats, cols, sub, col, auc, pred_tasks, n_pred, safety_measured, K,
+                   [hist_pos, hist_neg], (n_all_tasks, int(all_n.sum()), int(inv_n.sum()), int(inc_n.sum())))
+
+
+def _finish(results, stats, cols, sub, col, auc, pred_tasks, n_pred, safety_measured, K, hists, counts) -> _Prepared:
+    """The rest of :func:`_prepare` once P_AUROC is known (shared by the per-task and pooled
+    histogram paths)."""
+    nan = math.nan
+
+    def pooled(v: float) -> M.MetricResult:
+        return M.MetricResult(v, pred_tasks if not math.isnan(v) else 0, n_pred)
+
+    n_tasks = len(sub.task_ids)
     results["P_AUROC"] = M.MetricResult(auc, pred_tasks if not math.isnan(auc) else 0, n_pred)
     stats["P_AUROC"] = ("auroc", None)
-    brier_s = col("brier_s")
+    brier_s, brier_n = col("brier_s"), col("brier_n")
     results["P_brier"] = pooled(1.0 - float(brier_s.sum()) / n_pred) if n_pred else M.MetricResult(nan, 0, 0)
     stats["P_brier"] = ("one_minus_ratio", cols.add(brier_s, brier_n))
     results["R_Pred"] = M.r_pred(results["P_brier"])
@@ -343,8 +383,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
     stats["R"] = ("nanmean", ("R_Con", "R_Rob", "R_Pred"))
 
     keys = metric_keys(K)
-    return _Prepared(sub.task_ids, keys, stats, results, [cols.matrix(), hist_pos, hist_neg],
-                     (n_all_tasks, int(all_n.sum()), int(inv_n.sum()), int(inc_n.sum())))
+    return _Prepared(sub.task_ids, keys, stats, results, [cols.matrix(), *hists], counts)
 
 
 def score_stats(
@@ -366,6 +405,8 @@ def score_stats(
         raise ValueError("n_boot must be >= 0")
     if max_k is not None and max_k < 1:
         raise ValueError("max_k must be >= 1")
+    if n_boot > 0 and st.pooled_hist is not None:
+        raise ValueError("a pooled histogram supports point estimates only (n_boot=0)")
     pr = _prepare(st, safety_measured, max_k)
     keys, results = pr.keys, pr.results
     cis: dict[str, tuple[float, float] | None] = {k: None for k in keys}

@@ -239,6 +239,7 @@ _TRIAL_COLS = [
     "revision", "span_count", "evaluations", "version_ns", "task_input",
 ]
 _STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
+_STEP_FIELD_SET = frozenset(_STEP_FIELDS)  # membership per key per step: a list made loading trials slow
 
 
 def _evaluation_dict(e: Evaluation) -> dict:
@@ -261,7 +262,7 @@ def _step_from_dict(d: dict) -> Step:
     d = dict(d)
     d["op"] = Op(d.get("op", "unknown"))
     d["flags"] = frozenset(d.get("flags") or ())
-    return Step(**{k: v for k, v in d.items() if k in _STEP_FIELDS})
+    return Step(**{k: v for k, v in d.items() if k in _STEP_FIELD_SET})
 
 
 class Store:
@@ -696,13 +697,15 @@ class Store:
                     task_id: str | None = None, conversation_ids: Iterable[str] | None = None,
                     trial_ids: Iterable[str] | None = None, task_ids: Iterable[str] | None = None,
                     after_trial_id: str | None = None, limit: int | None = None,
-                    most_recent: int | None = None) -> list[Trial]:
+                    most_recent: int | None = None, min_version_ns: int | None = None) -> list[Trial]:
         """Trials (latest revision of each, tombstones skipped), optionally filtered, with the
         outcome their spans carried (posted outcomes are resolved by the scorers, not here).
         Ordered by trial id; ``after_trial_id`` / ``limit`` page through them (keyset paging:
         trial ids strictly greater than ``after_trial_id``, at most ``limit``). ``most_recent``:
         only the N trials stored (finalized) last, whatever their timestamps — a bound by the
-        traffic that also holds for backfilled, old-dated runs."""
+        traffic that also holds for backfilled, old-dated runs. ``min_version_ns``: only trials
+        whose latest row was stored after it (``version_ns >``), read without ``FINAL`` (the
+        version skip index prunes old parts: the cost follows the recent rows, not the table)."""
         where, params = ["1"], {}
         for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind), ("task_id", task_id)):
             if val is not None:
@@ -732,6 +735,14 @@ class Store:
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
         sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
+        if min_version_ns is not None:
+            cols = ", ".join(c for c in _TRIAL_COLS if c != "version_ns")
+            inner = [w for w in where if w != "status != 'superseded'"] + ["version_ns > %(minv)s"]
+            params["minv"] = int(min_version_ns)
+            # the latest row of each key among the recent ones is its latest row (as FINAL keeps)
+            sql = (f"SELECT {cols} FROM (SELECT {cols}, version_ns FROM {{db}}.trials WHERE {' AND '.join(inner)} "
+                   "ORDER BY version_ns DESC LIMIT 1 BY agent, version, run_kind, trial_id) "
+                   "WHERE status != 'superseded' ORDER BY trial_id")
         if most_recent is not None:
             sql = (f"SELECT * FROM (SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')}, version_ns "
                    f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY version_ns DESC "

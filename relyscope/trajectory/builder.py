@@ -73,7 +73,11 @@ dict operations; a trace is assembled only when it is due (once per finalization
 from __future__ import annotations
 
 import dataclasses
+import operator
+import pickle
+import sys
 import types
+import zlib
 
 import bisect
 import hashlib
@@ -84,7 +88,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from relyscope.model import CanonicalSpan, Op, SpanSemantics, Step, Trial
+from relyscope.model import CanonicalSpan, Evaluation, Op, SpanSemantics, Step, Trial
 
 __all__ = ["TrajectoryBuilder", "assemble", "task_fingerprint", "sessions", "SUPERSEDED"]
 
@@ -697,21 +701,101 @@ class _Trace:
     finalized_at: float | None = None
     root_candidates: int = 0  # spans for which _is_root_candidate holds
     emitted: dict[_TrialKey, Trial] = field(default_factory=dict)
-    bytes: int = 0  # estimated memory (_span_bytes)
-    last_bytes: int = 0  # ``bytes`` when last finalized: what it counts in ``retained_bytes``
+    bytes: int = 0  # estimated memory of the decoded spans (_span_bytes)
+    last_bytes: int = 0  # memory when last finalized (_pack): what it counts in ``retained_bytes``
+    packed: bytes | None = None  # finalized: spans and emitted trials in compact form (_pack)
+    open_counted: int = 0  # what this trace adds to ``TrajectoryBuilder.open_bytes`` (0 unless open)
 
 
-_SPAN_BASE_BYTES = 700  # a buffered span, its semantics and its share of the emitted trial (measured)
+# A decoded span held by the builder (CanonicalSpan without attributes/events, SpanSemantics, its
+# dict slot): 1 650-1 750 B for bench_ingest_decode's GenAI spans under CPython 3.11 (tracemalloc,
+# tests/test_finalized_cache.py), plus its decoded tool arguments/result and input text.
+_SPAN_BASE_BYTES = 1600
 
 
 def _span_bytes(span: CanonicalSpan, sem: SpanSemantics) -> int:
-    """Estimated memory of one buffered span, bytes: a fixed part plus its large strings (tool
-    arguments and results count twice: they are in the emitted trial's steps too)."""
+    """Estimated memory of one decoded buffered span, bytes: a fixed part plus its large strings
+    (decoded JSON takes ~3x its text). Used for traces that stay decoded (open traces, and a
+    finalized trace that cannot be packed); packed ones count their real size (:func:`_pack`)."""
     n = _SPAN_BASE_BYTES + len(span.name)
-    for v, times in ((sem.tool_arguments, 2), (sem.tool_result, 2), (sem.first_user_input, 1)):
+    for v, times in ((sem.tool_arguments, 3), (sem.tool_result, 3), (sem.first_user_input, 1)):
         if v is not None:
             n += times * (len(v) if isinstance(v, (str, bytes)) else len(repr(v)))
     return n
+
+
+# ---- compact form of a finalized trace ----------------------------------------------------------
+# A finalized trace is kept only for late spans: re-assembly needs its spans and, for tombstones,
+# the header of each trial it emitted (never the steps). Decoded, that is ~2 KB per span in
+# Python objects; as one zlib-compressed pickle of plain tuples it is ~60-100 B per span, and its
+# size is exact (len of one bytes object), so the byte budget is honest. Built in ~5 us per span
+# (bench/README.md, bench_memory.py), unpacked only when a late span (or a re-send) arrives.
+_SPAN_PACKED = tuple(f.name for f in dataclasses.fields(CanonicalSpan) if f.name not in ("attributes", "events"))
+_SEM_FIELDS = tuple(f.name for f in dataclasses.fields(SpanSemantics))
+_TRIAL_PACKED = tuple(f.name for f in dataclasses.fields(Trial) if f.name != "steps")
+_get_span = operator.attrgetter(*_SPAN_PACKED)
+_get_sem = operator.attrgetter(*_SEM_FIELDS)
+_get_trial = operator.attrgetter(*_TRIAL_PACKED)
+_I_OP = _SEM_FIELDS.index("op")
+_I_SEM_EVALS = _SEM_FIELDS.index("evaluations")
+_I_TRIAL_EVALS = _TRIAL_PACKED.index("evaluations")
+_I_RESOURCE = _SPAN_PACKED.index("resource")
+_OPS = tuple(Op)
+_OP_INDEX = {op: i for i, op in enumerate(_OPS)}
+# the _Trace object, its _traces and _finalized slots, the trace id key, the bytes object header
+_PACKED_TRACE_OVERHEAD = 560
+_PACKED = types.MappingProxyType({})  # spans / emitted of a packed trace: read-only, empty
+
+
+def _evals_out(evs: tuple) -> tuple:
+    return tuple((e.name, e.score, e.label, e.explanation) for e in evs)
+
+
+def _evals_in(evs: tuple) -> tuple:
+    return tuple(Evaluation(*e) for e in evs)
+
+
+def _pack(spans: Mapping[str, tuple[CanonicalSpan, SpanSemantics]], emitted: Mapping[_TrialKey, Trial]) -> bytes:
+    """The compact form of a finalized trace (see above). Raises TypeError / pickle.PicklingError
+    for a value pickle cannot serialize (the trace then stays decoded)."""
+    out_spans = []
+    for span, sem in spans.values():
+        sv = _get_span(span)
+        if type(sv[_I_RESOURCE]) is not dict:
+            sv = list(sv)
+            sv[_I_RESOURCE] = dict(sv[_I_RESOURCE])
+        mv = list(_get_sem(sem))
+        mv[_I_OP] = _OP_INDEX[mv[_I_OP]]
+        if mv[_I_SEM_EVALS]:
+            mv[_I_SEM_EVALS] = _evals_out(mv[_I_SEM_EVALS])
+        out_spans.append((sv, mv))
+    out_trials = []
+    for t in emitted.values():
+        tv = list(_get_trial(t))
+        if tv[_I_TRIAL_EVALS]:
+            tv[_I_TRIAL_EVALS] = _evals_out(tv[_I_TRIAL_EVALS])
+        out_trials.append(tv)
+    return zlib.compress(pickle.dumps((out_spans, out_trials), protocol=5), 1)
+
+
+def _unpack(blob: bytes) -> tuple[dict[str, tuple[CanonicalSpan, SpanSemantics]], dict[_TrialKey, Trial]]:
+    """Inverse of :func:`_pack`: spans keyed by span id (attributes and events empty, as the
+    builder holds them) and the emitted trials without their steps."""
+    out_spans, out_trials = pickle.loads(zlib.decompress(blob))
+    spans = {}
+    for sv, mv in out_spans:
+        span = CanonicalSpan(**dict(zip(_SPAN_PACKED, sv)), attributes=_NO_ATTRS, events=())
+        mv[_I_OP] = _OPS[mv[_I_OP]]
+        if mv[_I_SEM_EVALS]:
+            mv[_I_SEM_EVALS] = _evals_in(mv[_I_SEM_EVALS])
+        spans[span.span_id] = (span, SpanSemantics(*mv))
+    emitted = {}
+    for tv in out_trials:
+        if tv[_I_TRIAL_EVALS]:
+            tv[_I_TRIAL_EVALS] = _evals_in(tv[_I_TRIAL_EVALS])
+        t = Trial(**dict(zip(_TRIAL_PACKED, tv)), steps=())
+        emitted[_key(t)] = t
+    return spans, emitted
 
 
 def _key(t: Trial) -> _TrialKey:
@@ -734,16 +818,26 @@ class TrajectoryBuilder:
             unbounded); the oldest are evicted first.
         forget_evicted: forget evicted traces instead of dropping their late spans (module
             docstring).
+        open_max_bytes: bound on the estimated memory of the open (not yet finalized) traces,
+            bytes (None: unbounded). Beyond it :meth:`poll` finalizes the open traces idle the
+            longest — as their timeout would, ``incomplete`` if rootless — until they hold at
+            most 90 % of it; a span arriving later re-finalizes its trace as a late span does.
 
     Attributes:
         dropped_late: spans not assembled because their trace was already evicted.
         evicted: finalized traces evicted (by age or by ``retain_bytes``).
         retained_bytes: estimated memory of the finalized traces kept, bytes.
+        open_bytes: estimated memory of the open traces, bytes.
+        finalized_early: open traces finalized before their timeout because of ``open_max_bytes``.
     """
 
     def __init__(self, *, grace_s: float = 5.0, root_timeout_s: float = 300.0, retain_s: float = 900.0,
-                 retain_bytes: int | None = None, forget_evicted: bool = False):
+                 retain_bytes: int | None = None, forget_evicted: bool = False,
+                 open_max_bytes: int | None = None):
         self.grace_s = grace_s
+        self.open_max_bytes = open_max_bytes
+        self.open_bytes = 0
+        self.finalized_early = 0
         self.root_timeout_s = root_timeout_s
         self.retain_s = retain_s
         self.retain_bytes = retain_bytes
@@ -796,7 +890,7 @@ class TrajectoryBuilder:
         if trace_id in self._alias:
             return True
         tr = self._traces.get(trace_id)
-        return bool(tr is not None and tr.spans) or trace_id in self._evicted
+        return bool(tr is not None and (tr.spans or tr.packed is not None)) or trace_id in self._evicted
 
     def remember_emitted(self, trace_id: str, trials: Iterable[Trial]) -> None:
         """Declare trials already stored for a trace (by an earlier process), so that
@@ -806,14 +900,20 @@ class TrajectoryBuilder:
         tr = self._traces.get(trace_id)
         if tr is None:
             tr = self._traces[trace_id] = _Trace(dirty=False)
+        packed = tr.packed is not None
+        if packed:
+            self._thaw(tr)
         for t in trials:
-            tr.emitted.setdefault(_key(t), t)
+            tr.emitted.setdefault(_key(t), replace(t, steps=()))  # only tombstones read them
+        if packed:
+            self._repack(trace_id, tr)
 
     def add(self, items: Iterable[tuple[CanonicalSpan, SpanSemantics]], now: float) -> int:
         """Buffer spans (any order, any batching). Returns the number of new spans (not exact
         re-sends). O(1) dict operations per span; nothing is assembled here."""
         new = 0
         touched: dict[str, _Trace] = {}
+        thawed: dict[str, _Trace] = {}  # packed traces unpacked to compare re-sends
         for span, sem in items:
             # keep only what assembly reads: attributes and events (prompts, messages: most of a
             # span's memory) are already in ``sem`` and in the store
@@ -837,6 +937,9 @@ class TrajectoryBuilder:
                     new += 1
                     continue
                 tr = self._traces[tid] = _Trace()
+            if tr.packed is not None and tid not in thawed:
+                self._thaw(tr)
+                thawed[tid] = tr
             old = tr.spans.get(span.span_id)
             if old is not None and old[0] == span and old[1] == sem:
                 continue  # exact re-send: nothing changes
@@ -852,13 +955,22 @@ class TrajectoryBuilder:
             tr.spans[span.span_id] = (span, sem)
             touched[tid] = tr
             new += 1
+        for tid, tr in thawed.items():
+            if tid not in touched:  # only exact re-sends: the packed form still holds
+                tr.spans, tr.emitted = _PACKED, _PACKED
         for tid, tr in touched.items():
+            if tr.packed is not None:  # re-opened: decoded until finalized again
+                if tid not in thawed:
+                    self._thaw(tr)
+                tr.packed = None
             tr.last_seen = now
             if not tr.dirty:
                 tr.dirty = True
                 if self._finalized.pop(tid, None) is not None:
                     self.retained_bytes -= tr.last_bytes
             self._open.add(tid)
+            self.open_bytes += tr.bytes - tr.open_counted
+            tr.open_counted = tr.bytes
             heapq.heappush(self._due, (self._due_at(tr), next(self._seq), tid))
         return new
 
@@ -876,7 +988,7 @@ class TrajectoryBuilder:
             self._evals_seen[target] = now
             self._evals_seen.move_to_end(target)
             tr = touched.get(target) or self._traces.get(target)
-            if tr is not None and tr.spans:
+            if tr is not None and (tr.spans or tr.packed is not None):
                 touched[target] = tr
 
     def _continue(self, span: CanonicalSpan, touched: dict) -> None:
@@ -894,8 +1006,13 @@ class TrajectoryBuilder:
         self._alias[own] = (target, link[1], span.span_id)
         self._aliased_by.setdefault(target, set()).add(own)
         old = self._traces.pop(own, None)
+        if old is not None and old.packed is not None:
+            self._thaw(old)
         touched.pop(own, None)
         self._open.discard(own)
+        if old is not None:
+            self.open_bytes -= old.open_counted
+            old.open_counted = 0
         if self._finalized.pop(own, None) is not None and old is not None:
             self.retained_bytes -= old.last_bytes
         pending = self._evals.pop(own, None)
@@ -908,6 +1025,9 @@ class TrajectoryBuilder:
             return
         if tr is None:
             tr = self._traces[target] = _Trace()
+        if tr.packed is not None:
+            self._thaw(tr)
+            tr.packed = None  # touched below: re-finalized
         for sid, (sp, sm) in old.spans.items():  # spans of the continuation that came first
             if sid in tr.spans:
                 continue
@@ -931,6 +1051,8 @@ class TrajectoryBuilder:
             if tr is None or not tr.dirty or self._due_at(tr) > now:
                 continue  # stale entry: a newer one is in the heap, or already finalized
             out.extend(self._finalize(tid, tr, now))
+        if self.open_max_bytes is not None and self.open_bytes > self.open_max_bytes:
+            out.extend(self._finalize_oldest(now))
         while self._finalized:
             tid, at = next(iter(self._finalized.items()))
             over = self.retain_bytes is not None and self.retained_bytes > self.retain_bytes
@@ -964,6 +1086,18 @@ class TrajectoryBuilder:
                 self._evals.pop(tid, None)
         return out
 
+    def _finalize_oldest(self, now: float) -> list[Trial]:
+        """Finalize the open traces idle the longest until the open ones hold ≤ 90 % of
+        ``open_max_bytes``. Cost: one pass over the open traces, only when over the bound."""
+        target = 0.9 * self.open_max_bytes
+        out: list[Trial] = []
+        for tid in sorted(self._open, key=lambda t: (self._traces[t].last_seen, t)):
+            if self.open_bytes <= target:
+                break
+            out.extend(self._finalize(tid, self._traces[tid], now))
+            self.finalized_early += 1
+        return out
+
     def flush(self, now: float = 0.0) -> list[Trial]:
         """Finalize every open trace now (end of input), complete or not."""
         out: list[Trial] = []
@@ -983,12 +1117,15 @@ class TrajectoryBuilder:
         tr.dirty = False
         tr.finalized_at = now
         self._open.discard(tid)
+        self.open_bytes -= tr.open_counted
+        tr.open_counted = 0
         if tid in self._finalized:
             self.retained_bytes -= tr.last_bytes
         self._finalized[tid] = now
         self._finalized.move_to_end(tid)
-        tr.last_bytes = tr.bytes
-        self.retained_bytes += tr.bytes
+        if tr.packed is not None:  # defensive: every path that touches a trace unpacks it
+            self._thaw(tr)
+            tr.packed = None
         # completeness is structural: a trial is incomplete when its root is missing (virtual root)
         trials = assemble(tid, tr.spans, complete=True, revision=tr.revision,
                           linked_evaluations=self._linked(tid))
@@ -997,5 +1134,36 @@ class TrajectoryBuilder:
             replace(old, status=SUPERSEDED, steps=(), flags=frozenset({SUPERSEDED}), revision=tr.revision)
             for k, old in tr.emitted.items() if k not in emitted
         ]
-        tr.emitted = emitted
+        # kept for late spans: trial headers only (tombstones never read steps), all packed
+        tr.emitted = {k: replace(t, steps=()) for k, t in emitted.items()}
+        self._pack_trace(tr)
+        self.retained_bytes += tr.last_bytes
         return trials + tombstones
+
+    def _pack_trace(self, tr: _Trace) -> None:
+        """Replace a finalized trace's decoded spans and trials by their compact form; set
+        ``last_bytes`` to its memory (exact for the bytes; a measured constant for the rest).
+        A trace pickle cannot serialize stays decoded, counted by estimate (``bytes``)."""
+        try:
+            blob = _pack(tr.spans, tr.emitted)
+        except (TypeError, AttributeError, pickle.PicklingError, RecursionError):
+            tr.last_bytes = tr.bytes + _PACKED_TRACE_OVERHEAD
+            return
+        tr.packed = blob
+        tr.spans, tr.emitted = _PACKED, _PACKED
+        tr.last_bytes = sys.getsizeof(blob) + _PACKED_TRACE_OVERHEAD
+
+    def _thaw(self, tr: _Trace) -> None:
+        """Decode a packed trace's spans and trials (``packed`` is kept: the caller clears it
+        when the trace changes)."""
+        tr.spans, tr.emitted = _unpack(tr.packed)
+
+    def _repack(self, tid: str, tr: _Trace) -> None:
+        """Pack a finalized trace again after changing its trials, keeping the accounting."""
+        tr.packed = None
+        held = tid in self._finalized
+        if held:
+            self.retained_bytes -= tr.last_bytes
+        self._pack_trace(tr)
+        if held:
+            self.retained_bytes += tr.last_bytes

@@ -1,0 +1,91 @@
+"""glibc heap tuning for the long-running sidecar (issue 10: RSS grew with stored history).
+
+The sidecar's Python objects stay bounded (the finalized-trace cache is counted in real bytes),
+but its RSS kept growing between traffic steps in native heap: glibc gives each thread that
+allocates its own malloc arena (up to 8 per core), and freed memory inside an arena's heap is
+returned to the system only from its top. Two standard glibc controls (``mallopt(3)``,
+``malloc_trim(3)``):
+
+- :func:`set_arena_max` — ``mallopt(M_ARENA_MAX, n)``: at most ``n`` arenas, shared by all
+  threads. Effective for arenas created after the call: call it at start-up, before the threads
+  start (:class:`relyscope.sidecar.Sidecar` does). An explicit ``MALLOC_ARENA_MAX`` environment
+  variable (read by glibc itself at process start) wins: then this is not called.
+- :func:`trim` — ``malloc_trim(0)``: return the free pages of every arena to the system
+  (``madvise(MADV_DONTNEED)``), not only the heap top. :class:`Trimmer` calls it periodically.
+
+On a C library other than glibc (musl, macOS) both are no-ops that return False.
+Figures: bench/README.md, section ``bench_memory.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import threading
+
+log = logging.getLogger(__name__)
+
+M_ARENA_MAX = -8  # glibc malloc.h
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(None)  # the process's own symbols: glibc's malloc
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+
+
+def set_arena_max(n: int) -> bool:
+    """``mallopt(M_ARENA_MAX, n)`` (``n`` ≥ 1). Returns True when glibc accepted it; False on
+    another C library, when ``n`` < 1, or when ``MALLOC_ARENA_MAX`` is set in the environment
+    (glibc applied that one at start)."""
+    if _LIBC is None or n < 1 or os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    return bool(_LIBC.mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(int(n))))
+
+
+def trim() -> bool:
+    """``malloc_trim(0)``: give free heap pages back to the system. True if memory was released,
+    False if none was (or not glibc)."""
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.malloc_trim(ctypes.c_size_t(0)))
+
+
+class Trimmer:
+    """A daemon thread calling :func:`trim` every ``interval_s`` seconds until :meth:`stop`
+    (not started when ``interval_s`` is 0 or not on glibc). ``calls``: trims made; ``trims``: those
+    that released memory."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self.calls = 0
+        self.trims = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="relyscope-malloc-trim", daemon=True)
+
+    def start(self) -> "Trimmer":
+        if _LIBC is not None and self.interval_s > 0:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.trims += trim()
+                self.calls += 1
+            except Exception:  # noqa: BLE001 - never take the sidecar down for a heap hint
+                log.exception("malloc_trim failed")
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)

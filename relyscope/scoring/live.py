@@ -1,0 +1,436 @@
+"""In-memory per-task statistics of each live (group, window), kept current from the sync's rows.
+
+The rollups in ClickHouse (:mod:`relyscope.scoring.rollup`) stay the durable truth; this is a
+cache of what :meth:`relyscope.scoring.rollup.Rollup.window_stats` would return for each scored
+window ending now, so a scoring cycle needs no ClickHouse read of the windows' per-task rows:
+
+- on first use of a group (start, restart, a new group) its windows are loaded from ClickHouse;
+- each cycle the contribution rows the sync wrote (``Rollup.rows``: ``−old`` / ``+new`` states)
+  are added to every window whose bucket range holds their end time (:meth:`LiveStats.apply`);
+- as a window slides (its start moves to a later bucket) the buckets it leaves are read from
+  ClickHouse — one bucket range, i.e. that range's traffic, never the history — and subtracted
+  (:meth:`LiveStats.advance`);
+- :meth:`LiveStats.check` re-reads one window from ClickHouse, compares and replaces (the
+  periodic consistency check; the stage also re-reads the long windows at each CI refresh).
+
+What is kept per (group, window): per task the summed columns of
+:data:`relyscope.scoring.stats.SUM_COLUMNS` (Int64 columns in an int64 array, Float64 in a float64
+array, Int128 in Python ints: exact), the latest end time folded in, and the confidence histogram
+— per (task, q) for short windows (minute buckets, bootstrapped every cycle), pooled over tasks
+(per q) for the long ones (their per-task histogram is only needed by the bootstrap, which reads
+the window from ClickHouse at its cadence). Per group, one trajectory sample: the most recent
+``traj_sample`` successful nominal valid runs of each task over all time; the sample of a window
+ending now is that list cut at the window start (the M most recent runs of a time suffix are the
+M most recent runs overall that fall in it), so windows share it. A retracted run that was in a
+full list is refilled from ``traj_sample`` (one query per cycle for all such tasks).
+
+Memory: O(tasks × windows × 66 numbers) + O(tasks × M) trajectory entries per group, bounded by
+the tasks seen, not the trials. Trajectory rows expired by the ``traj_sample`` TTL (30 days by
+write time) stay in memory until the group's next consistency check re-reads them.
+Thread-safety: none; the scoring stage calls it under its rescore lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from relyscope.scoring.rollup import GroupKey, Rollup, level_for, window_start
+from relyscope.scoring.stats import SUM_COLUMNS, TaskStats
+
+__all__ = ["LiveStats", "WindowState", "same_stats"]
+
+log = logging.getLogger("relyscope.scoring.live")
+
+_NCOL: Final = len(SUM_COLUMNS)
+_INT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int64"], dtype=np.int64)
+_FLT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Float64"], dtype=np.int64)
+_BIG: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int128"], dtype=np.int64)
+_N_ALL: Final = 0  # n_all is SUM_COLUMNS[0], an Int64 column (index 0 of _INT)
+_UNTIL: Final = 2**31
+# contrib_log row layout written by Rollup._row: 5 keys, end_ns, sums, q, y, actions, traj, sign, vns
+_R_TASK, _R_END, _R_SUMS = 4, 5, 6
+_R_Q, _R_Y, _R_ACT, _R_TRAJ, _R_SIGN = (_R_SUMS + _NCOL + i for i in range(5))
+_R_TID: Final = 3
+
+
+def _bucket(end_ns: int, size: int) -> int:
+    s = end_ns // 10**9
+    return s // size * size if size else 0
+
+
+@dataclass
+class WindowState:
+    """One window's per-task sums from ``since`` (Unix s, bucket-aligned) on, at ``level``.
+    ``pooled``: histogram kept per q over tasks (long windows) instead of per (task, q)."""
+
+    name: str
+    length: float | None
+    level: int
+    size: int
+    since: int
+    pooled: bool
+    ids: dict[str, int] = field(default_factory=dict)
+    tasks: list[str] = field(default_factory=list)
+    ints: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_INT)), np.int64))
+    flts: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_FLT)), np.float64))
+    bigs: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_BIG)), object))
+    hist: dict = field(default_factory=dict)  # (task, q) → [pos, neg], or q → [pos, neg] if pooled
+    max_end_ns: int = 0
+    version: int = 0  # bumped on every change (the stage rescores a window whose version moved)
+
+    def _rows_for(self, tasks: list[str]) -> np.ndarray:
+        out = np.empty(len(tasks), np.int64)
+        new = 0
+        for i, t in enumerate(tasks):
+            r = self.ids.get(t)
+            if r is None:
+                r = self.ids[t] = len(self.tasks)
+                self.tasks.append(t)
+                new += 1
+            out[i] = r
+        if new:
+            n = len(self.tasks)
+            if n > self.ints.shape[0]:
+                cap = max(16, 2 * n)
+                self.ints = np.concatenate([self.ints, np.zeros((cap - self.ints.shape[0], len(_INT)), np.int64)])
+                self.flts = np.concatenate([self.flts, np.zeros((cap - self.flts.shape[0], len(_FLT)), np.float64)])
+                grow = np.zeros((cap - self.bigs.shape[0], len(_BIG)), object)
+                self.bigs = np.concatenate([self.bigs, grow]) if self.bigs.size else grow
+        return out
+
+    def add(self, tasks: list[str], sums: np.ndarray, sign: int = 1) -> None:
+        """Add (``sign`` 1) or subtract (−1) per-task sums: ``sums`` ``(len(tasks), n_cols)`` object."""
+        if not tasks:
+            return
+        rows = self._rows_for(tasks)
+        ints = np.asarray(sums[:, _INT].astype(np.int64))
+        flts = np.asarray(sums[:, _FLT].astype(np.float64))
+        if sign < 0:
+            ints, flts = -ints, -flts
+        np.add.at(self.ints, rows, ints)
+        np.add.at(self.flts, rows, flts)
+        big = sums[:, _BIG]
+        for i, r in enumerate(rows):
+            for j in range(len(_BIG)):
+                v = int(big[i, j])
+                if v:
+                    self.bigs[r, j] = int(self.bigs[r, j]) + (v if sign > 0 else -v)
+        self.version += 1
+
+    def add_hist(self, task: str, q: float, pos: int, neg: int) -> None:
+        key = q if self.pooled else (task, q)
+        h = self.hist.get(key)
+        if h is None:
+            h = self.hist[key] = [0, 0]
+        h[0] += pos
+        h[1] += neg
+        if not h[0] and not h[1]:
+            del self.hist[key]
+
+    def live_rows(self) -> tuple[list[str], np.ndarray]:
+        """Task ids (sorted) with a trial (n_all != 0) and their row numbers."""
+        n = len(self.tasks)
+        alive = np.flatnonzero(self.ints[:n, _N_ALL] != 0)
+        ids = [self.tasks[i] for i in alive]
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        return [ids[i] for i in order], alive[np.array(order, dtype=np.int64)] if order else alive[:0]
+
+    def compact(self) -> None:
+        """Drop tasks left without trials (after they slid out of the window)."""
+        ids, rows = self.live_rows()
+        if len(ids) * 2 >= len(self.tasks):
+            return
+        self.ints, self.flts, self.bigs = self.ints[rows].copy(), self.flts[rows].copy(), self.bigs[rows].copy()
+        self.tasks = ids
+        self.ids = {t: i for i, t in enumerate(ids)}
+        if not self.pooled:
+            self.hist = {k: v for k, v in self.hist.items() if k[0] in self.ids}
+
+
+class LiveStats:
+    """The in-memory windows of every loaded group (see the module docstring).
+
+    ``windows``: (name, length seconds or None) as :func:`relyscope.scoring.windows.parse_windows`;
+    windows at minute buckets (up to 6 h) keep a per-task histogram (they are bootstrapped from
+    memory), longer ones a pooled one. ``traj_sample``: M of the rollup."""
+
+    def __init__(self, rollup: Rollup, windows: list[tuple[str, float | None]]):
+        self.rollup = rollup
+        self.windows = list(windows)
+        self.m = rollup.traj_sample
+        self._win: dict[GroupKey, dict[str, WindowState]] = {}
+        #: group → task → [(end_ns, trial_id, actions)] sorted most recent first (ties: trial id)
+        self._traj: dict[GroupKey, dict[str, list[tuple[int, str, tuple[str, ...]]]]] = {}
+        self._refill: dict[GroupKey, set[str]] = {}
+        #: group → task → version of its trajectory list (bumped on every change to it)
+        self._tver: dict[GroupKey, dict[str, int]] = {}
+        #: (group, window) → task → (list version, runs in the window, C_traj_d, C_traj_s)
+        self._ctraj: dict[tuple[GroupKey, str], dict[str, tuple[int, int, float, float]]] = {}
+        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        #: consistency checks that found the memory different from ClickHouse (logged, replaced)
+        self.mismatches = 0
+
+    # ---- loading -------------------------------------------------------------------------------
+    def loaded(self, group: GroupKey) -> bool:
+        return group in self._win
+
+    def groups(self) -> list[GroupKey]:
+        return list(self._win)
+
+    def drop(self, group: GroupKey | None = None) -> None:
+        """Forget one group (or all): the next use reloads it from ClickHouse."""
+        if group is None:
+            self._win.clear()
+            self._traj.clear()
+            self._refill.clear()
+            self._tver.clear()
+            self._ctraj.clear()
+        else:
+            self._win.pop(group, None)
+            self._traj.pop(group, None)
+            self._refill.pop(group, None)
+            self._tver.pop(group, None)
+            for k in [k for k in self._ctraj if k[0] == group]:
+                del self._ctraj[k]
+
+    def _set_traj(self, group: GroupKey, traj: dict[str, list]) -> None:
+        self._traj[group] = traj
+        tv = self._tver.setdefault(group, {})
+        for t in set(tv) | set(traj):
+            tv[t] = tv.get(t, 0) + 1
+
+    def _windows_of(self, group: GroupKey) -> list[tuple[str, float | None]]:
+        return [("all", None)] if group[2] == "offline" else self.windows
+
+    def _read(self, group: GroupKey, name: str, length: float | None, now_s: float) -> WindowState:
+        level, size = level_for(length)
+        since = window_start(now_s, length)
+        ws = WindowState(name, length, level, size, since, pooled=level != 1)
+        st = self.rollup.window_stats(group, since, length, trajectories=False)
+        self._fill(ws, st)
+        return ws
+
+    @staticmethod
+    def _fill(ws: WindowState, st: TaskStats) -> None:
+        if st.task_ids:
+            ws.add(st.task_ids, st.sums)
+        for t, q, p, n in st.hist:
+            ws.add_hist(st.task_ids[t], q, p, n)
+        ws.max_end_ns = st.max_end_ns
+
+    def _read_traj(self, group: GroupKey, tasks: list[str] | None = None) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for task, end_ns, tid, actions in self.rollup.traj_runs(group, tasks):
+            out.setdefault(task, []).append((int(end_ns), tid, self._intern(tuple(actions))))
+        return out
+
+    def _intern(self, actions: tuple[str, ...]) -> tuple[str, ...]:
+        if len(self._interned) > 200_000:
+            self._interned.clear()
+        return self._interned.setdefault(actions, actions)
+
+    def load(self, group: GroupKey, now_s: float) -> None:
+        """(Re)load every window of ``group`` ending at ``now_s`` from ClickHouse."""
+        self._win[group] = {name: self._read(group, name, length, now_s)
+                            for name, length in self._windows_of(group)}
+        self._set_traj(group, self._read_traj(group))
+        self._refill.pop(group, None)
+
+    # ---- updates -------------------------------------------------------------------------------
+    def apply(self, rows: list[list]) -> set[GroupKey]:
+        """Fold the contribution rows one sync wrote (already in ClickHouse) into the loaded
+        groups' windows; rows of groups not loaded are skipped (a load reads them). Returns the
+        groups touched."""
+        by_group: dict[GroupKey, list[list]] = {}
+        for r in rows:
+            by_group.setdefault((r[0], r[1], r[2]), []).append(r)
+        touched = set()
+        for g, rs in by_group.items():
+            wins = self._win.get(g)
+            if wins is None:
+                continue
+            touched.add(g)
+            for ws in wins.values():
+                sel = [r for r in rs if _bucket(r[_R_END], ws.size) >= ws.since]
+                if not sel:
+                    continue
+                sums = np.array([r[_R_SUMS:_R_SUMS + _NCOL] for r in sel], dtype=object).reshape(len(sel), _NCOL)
+                ws.add([r[_R_TASK] for r in sel], sums)
+                for r in sel:
+                    if r[_R_Q] is not None:
+                        y, sign = r[_R_Y], r[_R_SIGN]
+                        ws.add_hist(r[_R_TASK], float(r[_R_Q]), sign if y == 1 else 0, sign if y == 0 else 0)
+                    ws.max_end_ns = max(ws.max_end_ns, int(r[_R_END]))
+            traj, tv = self._traj[g], self._tver.setdefault(g, {})
+            for r in rs:
+                if not r[_R_TRAJ]:
+                    continue
+                task, entry = r[_R_TASK], (int(r[_R_END]), r[_R_TID], self._intern(tuple(r[_R_ACT])))
+                tv[task] = tv.get(task, 0) + 1
+                runs = traj.setdefault(task, [])
+                if r[_R_SIGN] < 0:
+                    for i, e in enumerate(runs):
+                        if e[1] == entry[1]:
+                            if len(runs) >= self.m:  # a full list lost a run: the next one is in ClickHouse
+                                self._refill.setdefault(g, set()).add(task)
+                            del runs[i]
+                            break
+                else:
+                    keys = [(-e[0], e[1]) for e in runs]
+                    i = bisect.bisect_left(keys, (-entry[0], entry[1]))
+                    if i < self.m:
+                        runs.insert(i, entry)
+                        del runs[self.m:]
+        for g, tasks in list(self._refill.items()):
+            if g in self._traj and tasks:
+                fresh = self._read_traj(g, sorted(tasks))
+                tv = self._tver.setdefault(g, {})
+                for t in tasks:
+                    self._traj[g][t] = fresh.get(t, [])
+                    tv[t] = tv.get(t, 0) + 1
+            self._refill.pop(g, None)
+        return touched
+
+    def advance(self, group: GroupKey, now_s: float) -> set[str]:
+        """Slide ``group``'s windows to end at ``now_s`` (see :meth:`advance_all`). Returns the
+        names of windows that changed."""
+        return self.advance_all([group], now_s).get(group, set())
+
+    def advance_all(self, groups: list[GroupKey], now_s: float) -> dict[GroupKey, set[str]]:
+        """Slide the windows of ``groups`` to end at ``now_s``: subtract the buckets each window
+        left — read from ClickHouse once per bucket range for all groups — or reload a window
+        whose start moved back (a clock step) or by more than its length. Returns group → names
+        of the windows that changed."""
+        out: dict[GroupKey, set[str]] = {}
+        moves: dict[tuple[int, int, int], list[tuple[GroupKey, WindowState, int]]] = {}
+        for g in groups:
+            wins = self._win[g]
+            for name, ws in list(wins.items()):
+                since = window_start(now_s, ws.length)
+                if since == ws.since:
+                    continue
+                out.setdefault(g, set()).add(name)
+                if since < ws.since or ws.length is None or since - ws.since >= ws.length:
+                    wins[name] = self._read(g, name, ws.length, now_s)
+                    continue
+                moves.setdefault((ws.level, ws.since, since), []).append((g, ws, since))
+        for (level, old, new), items in moves.items():
+            gone_by = self.rollup.range_stats(sorted({g for g, _, _ in items}), level, old, new)
+            for g, ws, since in items:
+                gone = gone_by.get(g)
+                if gone is not None and gone.task_ids:
+                    ws.add(gone.task_ids, gone.sums, -1)
+                    for t, q, p, n in gone.hist:
+                        ws.add_hist(gone.task_ids[t], q, -p, -n)
+                ws.since = since
+                ws.version += 1
+                if ws.max_end_ns < since * 10**9:
+                    ws.max_end_ns = 0
+                ws.compact()
+        return out
+
+    # ---- reads ---------------------------------------------------------------------------------
+    def window(self, group: GroupKey, name: str) -> WindowState:
+        return self._win[group][name]
+
+    def stats(self, group: GroupKey, name: str) -> TaskStats:
+        """The window's statistics as :meth:`Rollup.window_stats` returns them (same task order,
+        sums as Python ints / floats, trajectories most recent first). A long window's histogram
+        is pooled: ``hist`` is empty and ``pooled_hist`` holds (q, successes, failures) — enough
+        for point estimates (:func:`relyscope.scoring.stats.score_stats` with ``n_boot=0``)."""
+        ws = self._win[group][name]
+        ids, rows = ws.live_rows()
+        sums = np.empty((len(ids), _NCOL), dtype=object)
+        if ids:
+            sums[:, _INT] = ws.ints[rows].astype(object)
+            sums[:, _FLT] = ws.flts[rows].astype(object)
+            sums[:, _BIG] = ws.bigs[rows]
+        idx = {t: i for i, t in enumerate(ids)}
+        since_ns = ws.since * 10**9
+        traj = self._traj.get(group, {})
+        trajectories = [[a for e, _, a in traj.get(t, ()) if e >= since_ns] for t in ids]
+        # per-task C_traj_d / C_traj_s, recomputed only for tasks whose sample changed
+        tv = self._tver.get(group, {})
+        cache = self._ctraj.setdefault((group, name), {})
+        d = np.empty(len(ids))
+        sv = np.empty(len(ids))
+        miss = []
+        for i, t in enumerate(ids):
+            c = cache.get(t)
+            if c is not None and c[0] == tv.get(t, 0) and c[1] == len(trajectories[i]):
+                d[i], sv[i] = c[2], c[3]
+            else:
+                miss.append(i)
+        if miss:
+            from relyscope.scorers import metrics as M
+
+            enc = M.encode_trajectories([trajectories[i] for i in miss])
+            md, ms = M.c_traj_d_per_task(enc), M.c_traj_s_per_task(enc)
+            for j, i in enumerate(miss):
+                d[i], sv[i] = md[j], ms[j]
+                cache[ids[i]] = (tv.get(ids[i], 0), len(trajectories[i]), float(md[j]), float(ms[j]))
+        if len(cache) > 2 * len(ids) + 64:
+            live = set(ids)
+            for t in [t for t in cache if t not in live]:
+                del cache[t]
+        if ws.pooled:
+            pooled = sorted((q, p, n) for q, (p, n) in ws.hist.items() if p or n)
+            return TaskStats(ids, sums, [], trajectories, max_end_ns=ws.max_end_ns, pooled_hist=pooled,
+                             traj_values=(d, sv))
+        hist = sorted((idx[t], q, p, n) for (t, q), (p, n) in ws.hist.items() if t in idx and (p or n))
+        return TaskStats(ids, sums, hist, trajectories, max_end_ns=ws.max_end_ns, traj_values=(d, sv))
+
+    def check(self, group: GroupKey, name: str, now_s: float, *, fresh: TaskStats | None = None) -> bool:
+        """Compare one window (and the group's trajectory sample as that window sees it) with
+        ClickHouse (``fresh``: a read of it already made, e.g. for a CI refresh, at the window's
+        current start); on a difference log it, count it in ``mismatches`` and replace the memory.
+        Returns True when they agreed."""
+        ws = self._win[group][name]
+        if fresh is None:
+            fresh = self.rollup.window_stats(group, ws.since, ws.length)
+        mine = self.stats(group, name)
+        ok = same_stats(mine, fresh, pooled=ws.pooled)
+        if not ok:
+            self.mismatches += 1
+            log.warning("in-memory statistics of %s window %s differed from the rollups: reloaded", group, name)
+            new = WindowState(ws.name, ws.length, ws.level, ws.size, ws.since, ws.pooled, version=ws.version + 1)
+            self._fill(new, fresh)
+            self._win[group][name] = new
+            self._set_traj(group, self._read_traj(group))
+        return ok
+
+
+def same_stats(a: TaskStats, b: TaskStats, *, pooled: bool = False, rel: float = 1e-9) -> bool:
+    """Whether two window statistics agree: task ids, integer sums exactly, float sums to
+    ``rel``, the histogram (pooled over tasks if ``pooled``) and the trajectory samples."""
+    if a.task_ids != b.task_ids:
+        return False
+    if a.task_ids:
+        ia, ib = a.sums[:, _INT].astype(np.int64), b.sums[:, _INT].astype(np.int64)
+        if not np.array_equal(ia, ib):
+            return False
+        if any(int(x) != int(y) for x, y in zip(a.sums[:, _BIG].ravel(), b.sums[:, _BIG].ravel())):
+            return False
+        fa, fb = a.sums[:, _FLT].astype(np.float64), b.sums[:, _FLT].astype(np.float64)
+        if not np.allclose(fa, fb, rtol=rel, atol=1e-9):
+            return False
+    ha, hb = (_pool(a), _pool(b)) if pooled else (sorted(a.hist), sorted(b.hist))
+    if ha != hb:
+        return False
+    return [list(t) for t in a.trajectories] == [list(t) for t in b.trajectories]
+
+
+def _pool(st: TaskStats) -> list[tuple[float, int, int]]:
+    if st.pooled_hist is not None:
+        return sorted(st.pooled_hist)
+    acc: dict[float, list[int]] = {}
+    for _, q, p, n in st.hist:
+        h = acc.setdefault(q, [0, 0])
+        h[0] += p
+        h[1] += n
+    return sorted((q, p, n) for q, (p, n) in acc.items() if p or n)

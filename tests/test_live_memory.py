@@ -1,0 +1,174 @@
+"""The in-memory window statistics (relyscope.scoring.live) equal what the ClickHouse rollups
+hold for the same window (Rollup.window_stats) and score like the batch scorer on the same trials
+— through a second batch, late outcomes, re-finalized trials (new end, task, outcome, actions), a
+re-keyed trial, retracted runs of a full trajectory sample (refilled), a restart (reload) and the
+windows sliding forward (the buckets they leave subtracted). And the scoring stage publishes
+every window's point estimates from memory while long windows keep the CIs of their last refresh."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+
+import pytest
+
+from live_traffic import make_trial
+from relyscope.config import Settings
+from relyscope.scorers.outcomes import apply_outcomes
+from relyscope.scorers.review import policy_for, score_reviewed
+from relyscope.scoring.live import LiveStats, same_stats
+from relyscope.scoring.rollup import Rollup, window_start
+from relyscope.scoring.stage import ScoreStage
+from relyscope.scoring.stats import score_stats
+from relyscope.scoring.windows import parse_windows
+from relyscope.store import Store
+from test_live_rollup import GROUPS, NOW, POLICY, traffic
+from test_scoring_stats import assert_same
+
+WINDOWS = parse_windows("5m,1h,24h,7d,all")
+N_BOOT = 60
+
+
+@pytest.fixture(scope="module")
+def chdb_path(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("live") / "data")
+
+
+@pytest.fixture()
+def store(chdb_path):
+    return Store(f"chdb://{chdb_path}", database="m" + uuid.uuid4().hex[:10])
+
+
+def check(store: Store, lives: list[LiveStats], now: float) -> None:
+    """Every window of every group: memory == rollups (sums, histogram, trajectory sample) for
+    each LiveStats (one with M = 3, one with M large), and scores == batch scores (the large-M
+    one: its sample is every successful run) — with CIs for short windows, point estimates for the
+    long ones (their memory keeps the histogram pooled)."""
+    for live in lives:
+        for g in GROUPS:
+            for name, length in WINDOWS:
+                since = window_start(now, length)
+                mine, ref = live.stats(g, name), live.rollup.window_stats(g, since, length)
+                assert same_stats(mine, ref, pooled=live.window(g, name).pooled), (live.m, g, name)
+    full = lives[-1]
+    for g in GROUPS:
+        for name, length in WINDOWS:
+            since = window_start(now, length)
+            trials = store.load_trials(agent=g[0], version=g[1], run_kind=g[2], since_ns=since * 10**9)
+            trials = sorted(apply_outcomes(trials, store.outcomes()), key=lambda t: t.task_id)
+            pooled = full.window(g, name).pooled
+            nb = 0 if pooled else N_BOOT
+            batch, _ = score_reviewed(trials, POLICY, n_boot=nb, seed=0, max_k=5)
+            inc = score_stats(full.stats(g, name), n_boot=nb, seed=0, max_k=5,
+                              safety_measured=policy_for(POLICY, g[0]) is not None)
+            try:
+                assert_same(batch, inc)
+            except AssertionError as e:
+                raise AssertionError(f"group {g} window {name}: {e}") from e
+
+
+def sync(rollup: Rollup, lives: list[LiveStats]) -> None:
+    rollup.sync()
+    for live in lives:
+        live.apply(rollup.rows)
+    rollup.rows = []
+
+
+def test_memory_equals_rollups_and_batch_through_changes_restart_and_sliding(store):
+    trials = traffic(1, 500)
+    store.insert_trials(trials[:300])
+    rollup = Rollup(store, POLICY, traj_sample=3)
+    rollup.sync()
+    rollup.rows = []
+    lives = [LiveStats(rollup, WINDOWS), LiveStats(Rollup(store, POLICY, traj_sample=1000), WINDOWS)]
+    for live in lives:
+        for g in GROUPS:
+            live.load(g, NOW)
+    store.insert_trials(trials[300:])
+    sync(rollup, lives)
+    check(store, lives, NOW)
+
+    rng = random.Random(7)
+    for t in rng.sample(trials, 50):  # late outcomes by trial and by trace id
+        key, kind = (t.trial_id, "trial") if rng.random() < 0.5 else (t.trace_id, "trace")
+        store.insert_outcome(key, kind, rng.choice(("success", "failure")), None, "feedback")
+    sync(rollup, lives)
+    check(store, lives, NOW)
+
+    # re-finalized: later end (other bucket), other outcome/actions, sometimes another task; the
+    # most recent successful runs of a task among them, so full samples lose runs and refill
+    refinal = []
+    for t in rng.sample(trials, 40):
+        refinal.append(dataclasses.replace(
+            t, revision=2, end_ns=int((NOW - rng.uniform(0, 200)) * 1e9), outcome=rng.choice(("success", "failure")),
+            steps=t.steps[:1] + t.steps, task_id=t.task_id if rng.random() < 0.7 else "t99"))
+    old = trials[11]
+    store.insert_trials(refinal + [dataclasses.replace(old, status="superseded"),
+                                   dataclasses.replace(old, trial_id=old.trial_id + "-r", revision=2)])
+    sync(rollup, lives)
+    check(store, lives, NOW)
+
+    # restart: fresh memory loaded from the rollups equals the memory kept up to date
+    restarted = [LiveStats(live.rollup, WINDOWS) for live in lives]
+    for live in restarted:
+        for g in GROUPS:
+            live.load(g, NOW)
+    check(store, restarted, NOW)
+
+    # the windows slide: 7 min, 3 h, 2 days later (minute and hour buckets leave; 5m empties)
+    for later in (NOW + 420, NOW + 3 * 3600, NOW + 2 * 86400):
+        for g in GROUPS:  # one group at a time, and all groups in one read per bucket range
+            lives[0].advance(g, later)
+        lives[1].advance_all(list(GROUPS), later)
+        check(store, lives, later)
+    assert all(live.mismatches == 0 for live in lives)
+
+
+def test_check_finds_and_repairs_a_difference(store):
+    store.insert_trials(traffic(3, 120))
+    rollup = Rollup(store, POLICY)
+    rollup.sync()
+    live = LiveStats(rollup, WINDOWS)
+    g = GROUPS[0]
+    live.load(g, NOW)
+    ws = live.window(g, "all")
+    ws.ints[0, 0] += 1  # a lost update
+    assert live.check(g, "all", NOW) is False and live.mismatches == 1
+    assert live.check(g, "all", NOW) is True
+    assert same_stats(live.stats(g, "all"), rollup.window_stats(g, 0, None), pooled=True)
+
+
+def test_stage_publishes_points_every_cycle_and_long_cis_on_cadence(chdb_path):
+    """With a CI cadence longer than the test, a second cycle's new trial moves the point
+    estimates of every window at once; the 5m/1h windows get fresh CIs, the 24h/7d/all ones keep
+    their previous CIs; a flush (all_groups) refreshes them to the batch result."""
+    db = "s" + uuid.uuid4().hex[:10]
+    store = Store(f"chdb://{chdb_path}", database=db)
+    rng = random.Random(4)
+    base = [make_trial(rng, i, task=f"t{i % 6}", end_ns=int((NOW - 30 - i) * 1e9), agent="a") for i in range(60)]
+    base = [dataclasses.replace(t, status="complete", perturbation_family=None,
+                                outcome="success" if i % 3 else "failure") for i, t in enumerate(base)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, score_ci_every_cycle="5m,1h",
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    stage.rescore(all_groups=True)
+    g = ("a", "1.0", "production")
+    first = {w: stage.window_scores[w][g] for w, _ in WINDOWS}
+    extra = [dataclasses.replace(base[0], trial_id=f"x{i}", trace_id=f"{9000 + i:032x}", outcome="failure",
+                                 end_ns=int((NOW - 5) * 1e9)) for i in range(6)]
+    store.insert_trials(extra)
+    stage.rescore()
+    now = stage.window_scores
+    for w, _ in WINDOWS:
+        sr_then, sr_now = first[w].metrics["success_rate"], now[w][g].metrics["success_rate"]
+        assert sr_now.value == pytest.approx(sum(1 for i in range(60) if i % 3) / 66)
+        if w in ("5m", "1h"):
+            assert sr_now.ci != sr_then.ci  # recomputed
+        else:
+            assert sr_now.ci == sr_then.ci  # the last refresh's CI
+    stage.rescore(all_groups=True)
+    trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+    batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+    assert_same(batch, stage.window_scores["all"][g])

@@ -1,0 +1,83 @@
+"""glibc heap tuning (relyscope.memory, issue 10): the arena cap really caps the arenas glibc
+creates (counted in glibc's own ``malloc_info`` report, in a fresh process), ``malloc_trim``
+runs, the periodic trimmer stops when asked. No RSS figures here: those are in
+bench/bench_memory.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from relyscope import memory
+from relyscope.config import Settings
+
+glibc = pytest.mark.skipif(memory._LIBC is None, reason="glibc only")
+
+# Six live threads each allocate blocks above pymalloc's 512 B limit (so from glibc), then glibc's
+# malloc_info(3) XML lists one <heap nr=...> per arena.
+_PROBE = r"""
+import ctypes, sys, tempfile, threading
+from relyscope import memory
+cap = int(sys.argv[1])
+if cap:
+    assert memory.set_arena_max(cap)
+alive = threading.Barrier(6)
+def work():
+    keep = [bytes(2000 + i) for i in range(200)]
+    alive.wait()  # all six hold their arena at once (a finished thread's arena is reused)
+ts = [threading.Thread(target=work) for _ in range(6)]
+for t in ts: t.start()
+for t in ts: t.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+with tempfile.NamedTemporaryFile(suffix=".xml") as f:
+    fp = libc.fopen(f.name.encode(), b"w")
+    libc.malloc_info(0, ctypes.c_void_p(fp))
+    libc.fclose(ctypes.c_void_p(fp))
+    print(open(f.name).read().count("<heap nr="))
+"""
+
+
+def _arenas(cap: int) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(cap)], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip())
+
+
+@glibc
+def test_arena_cap_limits_the_arenas_glibc_creates():
+    assert _arenas(0) >= 4  # glibc's default: a new arena for (nearly) every allocating thread
+    assert _arenas(2) <= 2
+
+
+@glibc
+def test_explicit_environment_variable_wins(monkeypatch):
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert memory.set_arena_max(2) is False  # glibc applied MALLOC_ARENA_MAX=4 at start
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    assert memory.set_arena_max(0) is False  # 0 means "glibc's default": nothing to set
+
+
+@glibc
+def test_trim_runs_and_trimmer_stops():
+    junk = [bytes(5000) for _ in range(2000)]  # ~10 MB from glibc, then freed
+    del junk
+    assert isinstance(memory.trim(), bool)
+    t = memory.Trimmer(0.01).start()
+    deadline = time.monotonic() + 10
+    while t.calls < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t.stop()
+    assert t.calls >= 2 and not t._thread.is_alive()
+    assert memory.Trimmer(0).start()._thread.is_alive() is False  # 0: never
+
+
+def test_defaults_cap_arenas_and_trim():
+    s = Settings()
+    assert s.malloc_arena_max == 2 and s.malloc_trim_interval_s == 30.0
