@@ -195,8 +195,11 @@ class Pipeline:
         self._last_accept = 0.0  # monotonic time of the last spooled request
         self._append_failed_at: float | None = None  # monotonic time of the last failed append
         self._open_traces = 0
+        # the worker's last batch was full and more records wait: the scorer postpones its cycle
+        self._backlogged = False
         self.scoring = ScoreStage(settings, store, self.policy, stop=self._stop,
-                                  store_error=lambda e: setattr(self, "_last_error", str(e)))
+                                  store_error=lambda e: setattr(self, "_last_error", str(e)),
+                                  busy=lambda: self._backlogged)
         # shadow replays and release gates (relyscope.shadow): the stage is attached by the sidecar
         from relyscope.scorers.gate import default_gate_policy, load_gate_policy
 
@@ -546,6 +549,7 @@ class Pipeline:
             n_spans += len(took[1].spans)
             with self._cv:  # tentative: reset below if the write fails
                 self._next_seq = max(self._next_seq, took[0] + 1)
+        self._backlogged = (n_spans >= _INSERT_BATCH_SPANS or len(batch) >= 256) and not self._queue_empty()
         did = False
         if batch:
             prepared = self._fast and all(fastpath.is_prepared(res) for _, res in batch)

@@ -52,6 +52,7 @@ def _OTHER(run_kind: str) -> GroupKey:
     return ("other", "other", run_kind)
 
 
+_MAX_DEFER = 5  # scorer cycles a backlogged worker may postpone in a row (ScoreStage.__init__)
 _REVIEW_EVERY_S = 60.0  # report sections of a changing group are recomputed at most this often
 _REVIEW_RECENT = 5000  # trials (the most recently stored) behind the report sections of a live group
 
@@ -65,8 +66,16 @@ class ScoreStage:
 
     def __init__(self, settings: Settings, store: Store, policy: Policy | None, *,
                  stop: threading.Event | None = None,
-                 store_error: Callable[[StoreUnavailable], None] | None = None):
+                 store_error: Callable[[StoreUnavailable], None] | None = None,
+                 busy: Callable[[], bool] | None = None, max_defer: int = _MAX_DEFER):
         self.settings = settings
+        # yield to the worker: while ``busy()`` (the pipeline's worker has a backlog of full insert
+        # batches) a cycle of the scorer thread is postponed, at most ``max_defer`` in a row, so
+        # scores lag by at most (max_defer + 1) * score_interval_s. The scorer shares the worker's
+        # core and GIL; it cost a draining worker ~28 % of its wall time (bench_worker_wall.py)
+        self._busy = busy
+        self.max_defer = max_defer
+        self.deferred_cycles = 0  # cycles postponed so far
         self.store = store
         self.policy = policy
         self._stop = stop or threading.Event()
@@ -142,7 +151,13 @@ class ScoreStage:
         # at start, score every group already in the store: after a restart the gauges and the
         # report would otherwise stay empty until new spans arrive (dashboards go blank)
         first = True
+        deferred = 0
         while first or not self._stop.wait(self.settings.score_interval_s):
+            if not first and deferred < self.max_defer and self._busy is not None and self._busy():
+                deferred += 1
+                self.deferred_cycles += 1
+                continue
+            deferred = 0
             try:
                 self.rescore(all_groups=first)
                 first = False
