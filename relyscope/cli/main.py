@@ -84,7 +84,11 @@ def _settings(**overrides):
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        lines = [f"  {'.'.join(map(str, x['loc'])) or 'settings'}: {x['msg']}" for x in e.errors()]
+        def where(loc) -> str:  # the environment variable of a setting, as the operator typed it
+            name = ".".join(map(str, loc))
+            return f"{name} (RELYSCOPE_{loc[0].upper()})" if loc and loc[0] in Settings.model_fields else name or "settings"
+
+        lines = [f"  {where(x['loc'])}: {x['msg']}" for x in e.errors()]
         err.print("[red]invalid configuration:[/red]\n" + "\n".join(lines))
         raise typer.Exit(2) from None
     except SettingsError as e:
