@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = ["Retention", "ttl_clauses", "statements", "cluster_schema", "apply_retention", "current_ttl", "rollup_ttls",
-           "SHARD_KEYS", "NO_DIST", "MAX_TTL_DAYS", "check_ttl_days"]
+           "SHARD_KEYS", "NO_DIST", "MAX_TTL_DAYS", "check_ttl_days",
+           "check_database", "check_zk_path"]
 
 #: the storage clock of each expiring store table (see the module docstring)
 _STORED_AT: Final = {
@@ -202,6 +203,32 @@ SHARD_KEYS: Final = {
 NO_DIST: Final = ("scoring_state",)
 
 
+#: a ClickHouse database name printed unquoted into the DDL (``relyscope schema --database``)
+DATABASE_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_database(name: str) -> str:
+    """``name`` if it is a plain ClickHouse identifier (:data:`DATABASE_RE`, ≤ 128 chars), else
+    ValueError — it goes into the DDL unquoted, so ``x; drop`` would be a second statement."""
+    if len(name) > 128 or not DATABASE_RE.fullmatch(name):
+        raise ValueError(f"bad database name {name!r}: use letters, digits and _ (not starting with a digit)")
+    return name
+
+
+def check_zk_path(path: str) -> str:
+    """``path`` if it can be the Keeper path of every replicated table, else ValueError: it is
+    printed inside a '…' literal (no quotes, backslashes or control characters), and it must hold
+    ``{table}`` (each table its own path: without it every table would share one Keeper node) and
+    ``{shard}`` (each shard its own replica set: without it every shard would replicate the others)."""
+    if not path or any(c in path for c in "'\\\"`") or any(ord(c) < 32 for c in path):
+        raise ValueError(f"bad --zk-path {path!r}: no quotes, backslashes or control characters")
+    missing = [m for m in ("{table}", "{shard}") if m not in path]
+    if missing:
+        raise ValueError(f"--zk-path {path!r} lacks {' and '.join(missing)}: the Keeper path must be unique per "
+                         "table and per shard, e.g. /clickhouse/tables/{shard}/{database}/{table}")
+    return path
+
+
 def cluster_schema(cluster: str, retention: Retention | None = None, *,
                    zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}") -> list[str]:
     """The DDL of :func:`statements` for a ClickHouse cluster named ``cluster`` (NOT run against a
@@ -213,9 +240,10 @@ def cluster_schema(cluster: str, retention: Retention | None = None, *,
     ``<table>_dist`` Distributed table sharded by :data:`SHARD_KEYS` (the others by ``rand()``).
     Reads through ``_dist`` tables add up: per-task sums across shards, FINAL per shard is right
     because the replaced rows share a shard. Raises ValueError for a cluster name that is not an
-    identifier."""
+    identifier, or a ``zk_path`` :func:`check_zk_path` refuses."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", cluster):
         raise ValueError(f"bad cluster name {cluster!r}")
+    check_zk_path(zk_path)
     on = f" ON CLUSTER '{cluster}'"
     out = []
     for ddl in statements(retention):
