@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     decode_workers: int = Field(
         1, ge=1, le=64, description="processes that decode spool records for the worker (1: in the worker thread); "
         "results are consumed in spool order, so storing, assembly and commits are unchanged")
+    decode_timeout_s: float = Field(
+        10.0, gt=0, description="with decode_workers > 1: the longest wait for a worker's result; past it the "
+        "worker counts as hung, its processes are killed and restarted, and the record is decoded in the "
+        "worker thread (relyscope_decode_worker_restarts_total, last_error on /healthz)")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
     max_inflight_bytes: int = Field(
         256 << 20, ge=1 << 20, description="request bytes held at once by both OTLP receivers (bodies being read, "
