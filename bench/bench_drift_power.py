@@ -1,16 +1,26 @@
-"""Benchmark: detection power and false-alarm rate of the drift test (metrics.md §10), by simulation.
+"""Benchmark: false alarms per day and detection of a drop by the drift alert (metrics.md §10), by
+day-level simulation of the sidecar's minute-by-minute drift test and the Prometheus alert.
 
-Traffic: ``--tasks`` tasks whose success probabilities p_t are drawn from Beta(7, 3) (mean 0.70);
-each trial picks a task uniformly. The reference window holds 24 h of traffic at ``rate`` trials
-per hour, the current window 1 h. *Stable*: the current hour has the same p_t; *drop*: every p_t
-lowered by ``--drop`` (0.10, clipped at 0). Each replication runs
-:func:`relyscope.scoring.drift.drift` (the sidecar's code) on the two windows' per-task statistics
-and records whether ``success_rate`` is flagged (CI excludes 0 and |Δ| > threshold).
+Traffic: ``--tasks`` tasks with success probabilities p_t ~ Beta(7, 3) (mean 0.70, new per
+simulated day); trials arrive as a Poisson process of ``rate`` per hour, each picking a task
+uniformly: per-minute bucket counts n[m, t] ~ Poisson(rate / 60 / T), successes c ~ Binomial(n,
+p_t) (outcome-only trials: no trajectories or resources, so R_Con = R = C_out). Windows are sums
+of minute buckets, as the sidecar reads them (scoring/stage.py ``_drift``): at evaluation minute e
+the current window is [e − 60, e) and the reference [e − 1500, e − 60).
 
-Prints, per hourly rate, the flag rate under stable traffic (false alarms per evaluation) and
-under the drop (power), with the number of trials in the current window, and a markdown table.
+*Stable day*: 24 h of reference warm-up and the first current hour, then 1440 evaluations (one a
+minute, the sidecar's drift cadence) on unchanged traffic. *Drop*: the same warm-up, then every p_t
+lowered by ``--drop`` (clipped at 0) at the first evaluation, evaluated for ``--detect-hours``.
 
-Usage: ``python bench/bench_drift_power.py [--reps 200] [--n-boot 500] [--rates 50,100,200,400]``
+Each evaluation is :func:`relyscope.scoring.drift.outcome_drift_batch` — the sidecar's decision
+on the same bootstrap draws as :func:`relyscope.scoring.drift.drift` (equality is the unit test
+``tests/test_drift.py::test_batch_equals_drift``) — for success_rate, pass^1 and C_out. The alert
+RelyscopeDriftDetected (deploy/alerts/relyscope-rules.yml) is ``delta < 0 and flag == 1`` held
+``for:`` F minutes, i.e. true at F + 1 consecutive 1-minute rule evaluations, per metric series; a
+day counts as a false alarm if any watched series fires. Old rule (before this change): 95 %
+percentile interval excludes 0 and |Δ| > 0.05, for: 15m.
+
+Usage: ``python bench/bench_drift_power.py [--days 300] [--rates 50,100,200,400,1000]``
 """
 
 from __future__ import annotations
@@ -21,60 +31,176 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from relyscope.scoring.drift import drift  # noqa: E402
-from relyscope.scoring.stats import SUM_COLUMNS, TaskStats  # noqa: E402
+from relyscope.scoring.drift import (DEFAULT_ALERT_LEVEL, DEFAULT_MIN_TRIALS,  # noqa: E402
+                                     critical_value, outcome_drift_batch)
 
-_IDX = {name: i for i, (name, _) in enumerate(SUM_COLUMNS)}
+CUR, REF = 60, 1440  # minutes
 
 
-def window(rng: np.random.Generator, p: np.ndarray, n_trials: int) -> TaskStats:
-    """Per-task statistics of ``n_trials`` nominal valid trials (success only; the other sums 0)."""
-    task = rng.integers(0, p.size, n_trials)
-    y = rng.random(n_trials) < p[task]
-    n = np.bincount(task, minlength=p.size)
-    c = np.bincount(task, weights=y, minlength=p.size).astype(np.int64)
-    keep = np.flatnonzero(n > 0)
-    sums = np.zeros((keep.size, len(SUM_COLUMNS)), dtype=object)
-    for col, vals in (("n_all", n), ("n", n), ("n_nom", n), ("c", c)):
-        sums[:, _IDX[col]] = vals[keep].astype(object)
-    return TaskStats([f"t{i:04d}" for i in keep], sums, [], [[] for _ in keep])
+def traffic(rng: np.random.Generator, p: np.ndarray, rate: float, minutes: int, drop_at: int | None,
+            drop: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative per-task (successes, trials), shape (minutes + 1, T), row m = sums before minute m."""
+    T = p.size
+    n = rng.poisson(rate / 60.0 / T, size=(minutes, T))
+    pm = np.broadcast_to(p, (minutes, T)).copy()
+    if drop_at is not None:
+        pm[drop_at:] = np.clip(p - drop, 0.0, 1.0)
+    c = rng.binomial(n, pm)
+    zero = np.zeros((1, T), dtype=np.int64)
+    return np.vstack([zero, np.cumsum(c, 0)]), np.vstack([zero, np.cumsum(n, 0)])
+
+
+def windows(C: np.ndarray, N: np.ndarray, evals: np.ndarray):
+    """(c_cur, n_cur, c_ref, n_ref) of the evaluations at minutes ``evals`` (shape (E, T) each)."""
+    return (C[evals] - C[evals - CUR], N[evals] - N[evals - CUR],
+            C[evals - CUR] - C[evals - CUR - REF], N[evals - CUR] - N[evals - CUR - REF])
+
+
+def first_fire(cond: np.ndarray, for_min: int) -> int:
+    """Index of the first evaluation at which an alert with ``for: for_min m`` fires (the
+    condition true at for_min + 1 consecutive evaluations); -1 if never."""
+    L = for_min + 1
+    if cond.size < L:
+        return -1
+    run = np.convolve(cond.astype(np.int64), np.ones(L, dtype=np.int64), "valid") == L
+    hits = np.flatnonzero(run)
+    return int(hits[0]) + L - 1 if hits.size else -1
+
+
+def day(rng, args, rate, *, drop: bool, percentiles: bool):
+    """One simulated day: per metric, arrays delta, se, ci_low, ci_high, trials (E,)."""
+    p = rng.beta(7, 3, args.tasks)
+    n_eval = int(args.detect_hours * 60) if drop else 1440
+    start = CUR + REF
+    C, N = traffic(rng, p, rate, start + n_eval, start if drop else None, args.drop)
+    evals = np.arange(start, start + n_eval)
+    cc, nc, cr, nr = windows(C, N, evals)
+    res = outcome_drift_batch(cc, nc, cr, nr, threshold=args.threshold, n_boot=args.n_boot, seed=0,
+                              percentiles=percentiles, min_trials=0)
+    tasks = ((nc + nr) > 0).sum(axis=1)  # the union the bootstrap draws from
+    for r in res.values():
+        r["tasks"] = tasks
+    return res, nc.sum(axis=1)
+
+
+def rule_new(res, trials, level, min_trials, threshold):
+    """Alert condition per metric for the new flag (delta < 0 and flag) at level / min_trials."""
+    out = {}
+    for k, r in res.items():
+        d, se = r["delta"], r["se"]
+        z = np.array([critical_value(level, int(T)) for T in r["tasks"]])
+        with np.errstate(invalid="ignore"):
+            excl = np.where(se > 0, np.abs(d) > z * se, (se == 0) & (d != 0))
+            out[k] = excl & (np.abs(d) > threshold) & (trials >= min_trials) & (d < 0)
+    return out
+
+
+def rule_old(res, threshold):
+    out = {}
+    for k, r in res.items():
+        with np.errstate(invalid="ignore"):
+            out[k] = ((r["ci_low"] > 0) | (r["ci_high"] < 0)) & (np.abs(r["delta"]) > threshold) & (r["delta"] < 0)
+    return out
+
+
+def fires(conds, for_min):
+    """First firing index over all watched series (-1: none)."""
+    t = [first_fire(c, for_min) for c in conds.values()]
+    t = [x for x in t if x >= 0]
+    return min(t) if t else -1
+
+
+def clopper_pearson_upper(k: int, n: int, conf: float = 0.95) -> float:
+    """One-sided upper bound of a binomial proportion (exact; scipy's beta quantile)."""
+    from scipy.stats import beta
+    return 1.0 if k >= n else float(beta.ppf(conf, k + 1, n - k))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", type=int, default=50)
-    ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--n-boot", type=int, default=500)
+    ap.add_argument("--days", type=int, default=300, help="stable days per rate")
+    ap.add_argument("--drop-days", type=int, default=100, help="drop scenarios per rate")
+    ap.add_argument("--old-days", type=int, default=30, help="stable days for the old rule (percentiles)")
+    ap.add_argument("--n-boot", type=int, default=2000)
     ap.add_argument("--drop", type=float, default=0.10)
     ap.add_argument("--threshold", type=float, default=0.05)
-    ap.add_argument("--rates", default="50,100,200,400")
+    ap.add_argument("--detect-hours", type=float, default=4.0)
+    ap.add_argument("--rates", default="50,100,200,400,1000")
+    ap.add_argument("--for-min", type=int, default=15)
+    ap.add_argument("--alert-level", type=float, default=DEFAULT_ALERT_LEVEL)
+    ap.add_argument("--min-trials", type=int, default=DEFAULT_MIN_TRIALS)
+    ap.add_argument("--variants", default="0.999:100:15,0.9995:100:15,0.9998:0:15,0.9998:100:5,0.9999:100:15",
+                    help="extra alert_level:min_trials:for_min rules whose false alarms/day and detection "
+                    "are also printed (same simulated days)")
+    ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
-    rng = np.random.default_rng(7)
-    rows = []
-    t0 = time.perf_counter()
+    z = critical_value(args.alert_level, args.tasks)
+    variants = [(float(a), int(b), int(f)) for a, b, f in (v.split(":") for v in args.variants.split(",") if v)]
+    rng = np.random.default_rng(args.seed)
+    t_all = time.perf_counter()
+    table, extra = [], []
     for rate in (int(r) for r in args.rates.split(",")):
-        flags = {"stable": 0, "drop": 0}
-        for rep in range(args.reps):
-            p = rng.beta(7, 3, args.tasks)
-            ref = window(rng, p, 24 * rate)
-            for case, pc in (("stable", p), ("drop", np.clip(p - args.drop, 0, 1))):
-                cur = window(rng, pc, rate)
-                d = drift(cur, ref, safety_measured=False, threshold=args.threshold, n_boot=args.n_boot,
-                          seed=rep, max_k=1)
-                flags[case] += d["success_rate"].flagged
-        fa, power = flags["stable"] / args.reps, flags["drop"] / args.reps
-        rows.append((rate, fa, power))
-        print(f"{rate} trials/h: false alarms {fa:.3f} per evaluation, power {power:.3f} "
-              f"({args.reps} replications, B={args.n_boot})", flush=True)
-    print(f"({time.perf_counter() - t0:.0f} s)")
-    print("| trials in the current hour | false-alarm rate (stable) | power (10-point drop) |")
-    print("|---|---|---|")
-    for rate, fa, power in rows:
-        print(f"| {rate} | {fa:.3f} | {power:.3f} |")
+        t0 = time.perf_counter()
+        fa_days = fa_old = 0
+        eval_flags = eval_total = 0
+        var_days = [0] * len(variants)
+        var_ttd: list[list[int]] = [[] for _ in variants]
+        for i in range(args.days):
+            old = i < args.old_days
+            res, trials = day(rng, args, rate, drop=False, percentiles=old)
+            conds = rule_new(res, trials, args.alert_level, args.min_trials, args.threshold)
+            fa_days += fires(conds, args.for_min) >= 0
+            eval_flags += int(conds["success_rate"].sum())
+            eval_total += trials.size
+            for j, (lv, mt, fm) in enumerate(variants):
+                var_days[j] += fires(rule_new(res, trials, lv, mt, args.threshold), fm) >= 0
+            if old:
+                fa_old += fires(rule_old(res, args.threshold), 15) >= 0
+        ttd, hit1, hit2 = [], 0, 0
+        for _ in range(args.drop_days):
+            res, trials = day(rng, args, rate, drop=True, percentiles=False)
+            t = fires(rule_new(res, trials, args.alert_level, args.min_trials, args.threshold), args.for_min)
+            for j, (lv, mt, fm) in enumerate(variants):
+                tv = fires(rule_new(res, trials, lv, mt, args.threshold), fm)
+                var_ttd[j].append(tv + 1 if tv >= 0 else 10**9)
+            if t >= 0:
+                ttd.append(t + 1)  # minutes after the drop (the first evaluation is 1 min in)
+                hit1 += t + 1 <= 60
+                hit2 += t + 1 <= 120
+        n_det = len(ttd)
+        med = float(np.median(ttd)) if ttd else math.nan
+        row = dict(rate=rate, fa=fa_days / args.days, fa_ub=clopper_pearson_upper(fa_days, args.days),
+                   fa_k=fa_days, per_eval=eval_flags / eval_total, old=fa_old / max(args.old_days, 1),
+                   p1=hit1 / args.drop_days, p2=hit2 / args.drop_days, pall=n_det / args.drop_days,
+                   ttd=med, trials=med * rate / 60 if ttd else math.nan)
+        table.append(row)
+        extra.append((rate, [(v / args.days, float(np.mean(np.array(tt) <= 60)), float(np.mean(np.array(tt) <= 120)),
+                              float(np.median(tt)) if tt else math.nan) for v, tt in zip(var_days, var_ttd)]))
+        print(f"{rate}/h: false-alarm days {fa_days}/{args.days} (95% upper {row['fa_ub']:.3f}), old rule "
+              f"{fa_old}/{args.old_days}; per-evaluation success_rate flags {row['per_eval']:.5f}; drop detected "
+              f"{hit1}/{hit2}/{n_det} of {args.drop_days} within 1h/2h/{args.detect_hours:g}h, median {med:.0f} min "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"total {time.perf_counter() - t_all:.0f} s; alert_level={args.alert_level} (z={z:.2f} with all tasks), "
+          f"min_trials={args.min_trials}, threshold={args.threshold}, for: {args.for_min}m, B={args.n_boot}, "
+          f"{args.tasks} tasks")
+    print("\n| trials/h | false-alarm days (new) | 95 % upper bound | old rule, false-alarm days | "
+          f"detected ≤ 1 h | ≤ 2 h | ≤ {args.detect_hours:g} h | median time to detect | trials after the drop (median) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['rate']} | {r['fa_k']}/{args.days} = {r['fa']:.3f} | {r['fa_ub']:.3f} | {r['old']:.2f} | "
+              f"{r['p1']:.2f} | {r['p2']:.2f} | {r['pall']:.2f} | {r['ttd']:.0f} min | {r['trials']:.0f} |")
+    print("\nother rules, alert_level:min_trials:for_min → false-alarm days / detected ≤ 1 h / ≤ 2 h / median "
+          "minutes to detect (1e9 = not within the horizon)")
+    print("| trials/h | " + " | ".join(f"{a}:{b}:{f}" for a, b, f in variants) + " |")
+    print("|---|" + "---|" * len(variants))
+    for rate, v in extra:
+        print(f"| {rate} | " + " | ".join(f"{fa:.3f} / {p1:.2f} / {p2:.2f} / {m:.0f}" for fa, p1, p2, m in v) + " |")
 
 
 if __name__ == "__main__":

@@ -86,8 +86,13 @@ class Settings(BaseSettings):
         "rollups (and reloaded on a difference) at least this often, spread over the cycles")
     drift_current: str = Field("1h", description="drift (metrics.md §10): the current window …")
     drift_reference: str = Field("24h", description="… against the reference window just before it")
-    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged when the "
-                                   "bootstrap CI of Δ excludes 0 and |Δ| exceeds this")
+    drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged only when "
+                                   "|Δ| exceeds this (and the alerting interval excludes 0)")
+    drift_alert_level: float = Field(0.9998, gt=0, lt=1, description="two-sided level of the alerting interval "
+                                     "Δ ± z·se of the drift flag (bootstrap SE, CR1-corrected; z: Student t, tasks − 1 df); "
+                                     "measured false alarms per day in bench/README.md")
+    drift_min_trials: int = Field(100, ge=0, description="valid complete trials the current drift window needs "
+                                  "before drift can be flagged")
     max_label_sets: int = Field(50, ge=1, description="distinct (agent, version) label sets scored and exported "
                                 "per sidecar; beyond it, groups fold into agent=version='other' (counted, warned)")
     spans_ttl_days: float = Field(14.0, gt=0, description="retention of raw spans (otel_traces), days "

@@ -803,9 +803,43 @@ class Pipeline:
         :meth:`relyscope.store.Store.load_trials`."""
         return self.scoring.load_trials(**filters)
 
-    def report_extras(self, scores: dict) -> dict:
-        """Per-group additions to the report (violations, attribution, worst tasks)."""
-        return self.scoring.report_extras(scores)
+    def report_extras(self, scores: dict, window: str | None = None) -> dict:
+        """Per-group additions to the report (violations, attribution, worst tasks, outcome
+        counts, notes), each group's with ``sections_scope``: what its sections cover.
+
+        ``window`` (a name of ``scoring.windows``): for a sliding window the sections of a live
+        group are rebuilt from its trials that ended in that window (the window's start as the
+        metrics align it, :func:`relyscope.scoring.rollup.window_start`; at most the
+        ``_REVIEW_RECENT`` most recently stored) — one store read per group per request, never
+        per cycle. ``None``, ``all``, offline imports and pooled ``other`` groups keep the
+        sections the scorer keeps (all time, over the most recently stored trials); so does a
+        group whose window read fails (store down), labelled so."""
+        from relyscope.scorers.review import policy_for, review_group
+        from relyscope.scoring.rollup import window_start
+        from relyscope.scoring.stage import _REVIEW_RECENT
+
+        out = self.scoring.report_extras(scores)
+        length = dict(self.scoring.windows).get(window) if window else None
+        for g, gs in scores.items():
+            ex = out.setdefault(g, {})
+            recent = (f", the most recent {_REVIEW_RECENT} trials" if g[2] != "offline"
+                      and getattr(gs, "trials", 0) > _REVIEW_RECENT else "")
+            ex["sections_scope"] = f"all time{recent}"
+            if length is None or g[2] == "offline" or "folded_label_sets" in ex:
+                continue
+            since = window_start(time.time(), length) * 10**9
+            try:
+                trials = self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2], since_ns=since,
+                                                most_recent=_REVIEW_RECENT)
+                trials = self.scoring.rollup().resolve(trials) if self.settings.incremental_scoring \
+                    else self.scoring.load_trials(agent=g[0], version=g[1], run_kind=g[2], since_ns=since)
+            except StoreUnavailable:
+                ex["sections_scope"] = "all time (the window's trials could not be read: store unavailable)"
+                continue
+            ex.update(review_group(trials, policy_for(self.policy, g[0])).extras)
+            ex["sections_scope"] = f"window {window}" + (
+                f", the most recent {_REVIEW_RECENT} trials" if len(trials) >= _REVIEW_RECENT else "")
+        return {g: ex for g, ex in out.items() if ex}
 
     def rescore(self, *, all_groups: bool = False) -> dict[GroupKey, GroupScore]:
         """Recompute scores of changed groups (or all) from the store; store and publish them."""

@@ -140,3 +140,19 @@ def test_task_catalog_repeats_and_validation():
     assert "order-status-2" in summary["by_task"] and "track-shipment-2" in summary["by_task"]
     with pytest.raises(ValueError):
         _run(tasks=0)
+
+
+def test_demo_next_step_serves_its_data_with_the_demo_policy(tmp_path, monkeypatch):
+    """Bug: the printed 'browse the demo's data' command served the store without the demo's
+    safety policy, so the gate the demo had shown as PASS read INCONCLUSIVE (S_* unmeasured)."""
+    import shlex
+    from pathlib import Path
+
+    from relyscope.cli.main import demo_next_steps
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    line = next(l for l in demo_next_steps(tmp_path).splitlines() if "browse the demo's data" in l)
+    argv = shlex.split(line.split(":", 1)[1])
+    policy = Path(argv[argv.index("--policy") + 1])
+    assert policy.resolve() == (Path(__file__).resolve().parents[1] / "relyscope" / "demo" / "policy.yaml")
+    assert argv[argv.index("--store") + 1] == f"chdb://{tmp_path.resolve()}/data"

@@ -68,3 +68,24 @@ def test_stop_time_bounds_a_stop_under_continuous_traffic(tmp_path, sidecars):
     assert sc.proc.returncode == 0
     assert 2 <= time.monotonic() - t0 < 2 + 6
     assert answered >= 10  # it kept acknowledging during the stop
+
+
+def test_sigterm_prints_how_the_stop_went(tmp_path):
+    """A supervisor (or a person) sees the stop as it saw the start: one JSON line with the time
+    it took and what was left in the spool for the next start (nothing, here)."""
+    import json
+    import signal
+
+    from relyscope.testing import start_sidecar
+
+    sc = start_sidecar(tmp_path)
+    try:
+        sc.proc.send_signal(signal.SIGTERM)
+        out, _ = sc.proc.communicate(timeout=60)
+        assert sc.proc.returncode == 0, (sc.proc.returncode, out, sc.log[-3000:])
+        stopped = [l for l in out.splitlines() if '"stopped"' in l]
+        assert stopped, (out, sc.log[-3000:])
+        line = json.loads(stopped[0])
+        assert line["event"] == "stopped" and line["spool_records_left"] == 0 and line["seconds"] >= 0
+    finally:
+        sc.kill()

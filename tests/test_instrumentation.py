@@ -155,6 +155,7 @@ def test_tool_call_attributes_and_result(mem):
 
 
 @pytest.mark.parametrize("result", ['{"status": "ok", "n": 2}', '[1, 2]', '"quoted"', "plain text", "{not json",
+                                    '\x0c{"a": 1}', '\xa0[1, 2]', '\u2028"x"', '\x1c{}',  # Unicode whitespace first
                                     {"status": "ok"}, [1, 2]])
 def test_tool_result_type_survives_the_collector(mem, result):
     """Bug: a tool that returned JSON *text* was recorded as that text, the collector decoded it,

@@ -128,7 +128,8 @@ def test_drift_gauges_and_report(tmp_path):
             {"key": "gen_ai.agent.name", "value": {"stringValue": "drifting"}}]
         s["attributes"] = [a for a in s["attributes"] if not (a["key"] == "gen_ai.agent.name" and
                                                              a["value"]["stringValue"] == "win")]
-    sc = start_sidecar(tmp_path)
+    # 20 trials in the current hour: below the default RELYSCOPE_DRIFT_MIN_TRIALS (100)
+    sc = start_sidecar(tmp_path, extra_env={"RELYSCOPE_DRIFT_MIN_TRIALS": "20"})
     try:
         r = httpx.post(sc.otlp_http + "/v1/traces", json={"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]},
                        timeout=30)

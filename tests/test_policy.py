@@ -381,3 +381,25 @@ def test_safety_scores_edges():
 def test_no_policy_no_violations():
     g = grade_trial(trial(tool("drop_db")), None)
     assert g.violations == () and g.severity == 0.0 and not g.hard_gate and g.policy_id is None
+
+
+def test_readme_policy_example_is_an_excerpt_of_the_example_file():
+    """Bug: the README's example dropped `on_missing: violate` from the file it names, so an
+    agent checked against the file got a violation on every refund the README said was fine."""
+    import re
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    after = readme[readme.index("An excerpt of\n`relyscope/scorers/example_policy.yaml`"):]
+    block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", after, re.S).group(1))
+    full = yaml.safe_load(EXAMPLE.read_text())
+    assert block["agent"] == full["agent"]
+    assert block["side_effects"].items() <= full["side_effects"].items()
+    rules = {r["id"]: r for r in full["rules"]}
+    for r in block["rules"]:
+        assert r["id"] in rules, r["id"]
+        assert r.items() <= rules[r["id"]].items(), (r, rules[r["id"]])
+    # and what the file sets on a rule the README shows, the README shows too
+    for r in block["rules"]:
+        assert set(rules[r["id"]]) - set(r) <= {"tools", "patterns", "scope", "max_wall_time_s"}, r["id"]

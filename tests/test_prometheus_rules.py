@@ -64,6 +64,11 @@ def test_promtool_unit_tests_pass():
      'relyscope_score{metric="S_comp", run_kind=~"production", window="1h"} < 1'),  # canary unseen
     ('relyscope:success_burn_rate{window="5m"} > 14.4', 'relyscope:success_burn_rate{window="5m"} > 20'),
     ("relyscope_drift_flag == 1", "relyscope_drift_flag >= 0"),  # unflagged drops would page
+    # the SRE workbook's factors and short windows (6h/30m page at 6, 3d/6h ticket at 1)
+    ('relyscope:success_burn_rate{window="30m"} > 6', 'relyscope:success_burn_rate{window="30m"} > 9'),
+    ('relyscope:success_burn_rate{window="3d"} > 1', 'relyscope:success_burn_rate{window="3d"} > 2'),
+    ('relyscope:success_burn_rate{window="6h"} > 1', 'relyscope:success_burn_rate{window="3d"} > 1'),
+    ('relyscope:success_burn_rate{window="5m"} > 14.4', 'relyscope:success_burn_rate{window="1h"} > 14.4'),
     ("expr: relyscope_spool_oldest_age_seconds > 900", "expr: relyscope_spool_oldest_age_seconds > 9000"),
 ])
 def test_unit_tests_catch_a_broken_rule(tmp_path, old, new):
@@ -94,6 +99,19 @@ def test_every_alert_is_tested_firing_and_silent():
         if "alert" in r:
             assert r["labels"]["severity"] in {"warning", "critical"}
             assert r["annotations"]["summary"]
+
+
+def test_every_alert_has_for_annotations_and_a_runbook_entry():
+    """Both rule files: a ``for:`` duration, a summary, and a row (or section) in the README's
+    runbook naming the alert."""
+    runbook = (ROOT / "README.md").read_text()
+    for path in (RULES, DEPLOY / "alerts" / "relyscope-shadow-rules.yml"):
+        for g in yaml.safe_load(path.read_text())["groups"]:
+            for r in g["rules"]:
+                if "alert" in r:
+                    assert r.get("for"), r["alert"]
+                    assert r["annotations"].get("summary"), r["alert"]
+                    assert f"`{r['alert']}`" in runbook or f"Runbook: {r['alert']}" in runbook, r["alert"]
 
 
 def test_rules_use_only_exposed_metrics_and_score_labels():
@@ -144,7 +162,7 @@ def test_docker_compose_is_consistent_yaml():
     assert (3000, 3000) in {_port(p) for p in sv["grafana"]["ports"]}
     assert (8123, 8123) in {_port(p) for p in sv["clickhouse"]["ports"]}
     env = sv["relyscope"]["environment"]
-    assert set(env) <= _settings_env_names()
+    assert set(env) <= _settings_env_names()  # (MALLOC_ARENA_MAX comes with the image: deploy/Dockerfile)
     assert env["RELYSCOPE_STORE"].startswith("http://") and "@clickhouse:8123/" in env["RELYSCOPE_STORE"]
     assert env["RELYSCOPE_API"].endswith(":9464") and env["RELYSCOPE_OTLP_GRPC"].endswith(":4317")
     assert sv["relyscope"]["build"]["dockerfile"] == "deploy/Dockerfile"
@@ -193,7 +211,10 @@ def test_kubernetes_sidecar_manifest():
         probe = sc[kind]["httpGet"]
         assert probe["path"] == "/livez" and named.get(probe["port"], probe["port"]) == 9464, kind
     env = {e["name"]: e for e in sc["env"]}
-    assert set(env) <= _settings_env_names()
+    # every variable is a relyscope setting, or one the sidecar's process documents it reads
+    # (MALLOC_ARENA_MAX: glibc's, README "Memory bounds")
+    assert set(env) <= _settings_env_names() | {"MALLOC_ARENA_MAX"}
+    assert env["MALLOC_ARENA_MAX"]["value"] == "2"
     assert env["RELYSCOPE_API"]["value"].endswith(":9464")
     mounts = {m["name"]: m["mountPath"] for m in sc["volumeMounts"]}
     assert env["RELYSCOPE_SPOOL_DIR"]["value"].startswith(mounts["relyscope-data"])

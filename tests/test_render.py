@@ -23,7 +23,7 @@ def test_report_table_shows_run_kind_values_and_undefined_dash():
         "violations": [{"rule": "r1", "type": "pii", "severity": "low", "attempted": 0, "committed": 1, "trials": 1}],
     }]}
     text = _text(render_report, rep)
-    assert "a 1 [offline] — 2 tasks, 4 trials" in text  # rich markup must not eat "[offline]"
+    assert "a 1 [offline, window all] — 2 tasks, 4 trials" in text  # rich markup must not eat "[offline…]"
     assert "pass^1" in text and "0.5000" in text and "[0.250, 0.750]" in text
     line = next(ln for ln in text.splitlines() if "P_cal" in ln)
     assert "—" in line and "0.0000" not in line

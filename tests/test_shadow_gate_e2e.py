@@ -218,3 +218,9 @@ def test_since_errors_say_what_to_change(gated):
     assert future.returncode == 2 and "since" in future.stderr and "no shadow runs" in future.stderr, future.stderr
     r = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": "soon"})
     assert r.status_code == 422 and "ISO 8601" in r.text, r.text
+    for raw in ("NaN", "1e400", "99999999999", "-1e20"):  # were 500 (int(nan)) and 503 (DateTime64 overflow)
+        r = sc.post("/api/v1/gate", content='{"baseline": "1.0", "candidate": "1.1", "since": %s}' % raw,
+                    headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "between 1970" in r.text, (raw, r.status_code, r.text)
+    nan = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--since", "nan")
+    assert nan.returncode == 2 and "between 1970" in nan.stderr, nan.stderr

@@ -293,3 +293,28 @@ def test_harness_rates_shrink_toward_the_pooled_rate():
     r = production_success_rates(trials)
     # pooled 4/5 = 0.8; A: (4 + 2·0.8)/(4 + 2) = 0.9333; B: (0 + 1.6)/(1 + 2) = 0.5333
     assert abs(r["A"] - 5.6 / 6) < 1e-12 and abs(r["B"] - 1.6 / 3) < 1e-12
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("2h", 1_800_000_000 - 7200), ("90m", 1_800_000_000 - 5400), ("1d", 1_800_000_000 - 86400),
+    ("1700000000", 1_700_000_000), (1_700_000_000, 1_700_000_000),
+    ("2026-12-01T10:00:00Z", 1_796_119_200), ("2026-12-01T10:00:00", 1_796_119_200),  # no zone: UTC
+    ("2026-12-01T11:00:00+01:00", 1_796_119_200), (None, None)])
+def test_parse_since_forms(value, expected):
+    from relyscope.shadow.gating import parse_since
+
+    assert parse_since(value, now=1_800_000_000) == expected
+
+
+@pytest.mark.parametrize("value, says", [
+    ("nan", "between 1970"), ("inf", "between 1970"), ("-inf", "between 1970"), ("1e400", "between 1970"),
+    (float("nan"), "between 1970"), ("99999999999", "between 1970"), ("-5", "between 1970"),
+    ("0s", "more than 0"), ("0m", "more than 0"), ("yesterday", "duration back from now"),
+    ("100000000d", "between 1970")])
+def test_parse_since_refuses_what_the_store_cannot_compare(value, says):
+    """Bug: NaN / infinite / far-future values passed the check and the server answered 500
+    (int(nan)) or 503 'store unreachable' (a DateTime64 overflow in the query)."""
+    from relyscope.shadow.gating import parse_since
+
+    with pytest.raises(ValueError, match=says):
+        parse_since(value, now=1_800_000_000)

@@ -84,17 +84,29 @@ def _settings(**overrides):
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        def where(loc) -> str:  # the environment variable of a setting, as the operator typed it
-            name = ".".join(map(str, loc))
-            return f"{name} (RELYSCOPE_{loc[0].upper()})" if loc and loc[0] in Settings.model_fields else name or "settings"
-
-        lines = [f"  {where(x['loc'])}: {x['msg']}" for x in e.errors()]
+        lines = [f"  {_setting_source(x, overrides)}: {x['msg']}" for x in e.errors()]
         err.print("[red]invalid configuration:[/red]\n" + "\n".join(lines))
         raise typer.Exit(2) from None
     except SettingsError as e:
         err.print(f"[red]invalid configuration:[/red] {e}. List settings take JSON in the environment, "
                   "e.g. RELYSCOPE_REDACT_DENY='[\"user.email\"]'")
         raise typer.Exit(2) from None
+
+
+def _setting_source(error: dict, overrides: dict) -> str:
+    """Where the bad value of a Settings validation error came from, as the user set it: the
+    command-line option (``--name``, field ``name``) when one was passed, else the environment
+    variable ``RELYSCOPE_<FIELD>`` — with the value given (cut at 60 characters)."""
+    loc = [str(p) for p in error.get("loc", ())]
+    if not loc:
+        return "settings"
+    field = loc[0]
+    given = error.get("input")
+    shown = "" if given is None or isinstance(given, dict) else f"={str(given)[:60]!r}"
+    if overrides.get(field) is not None:
+        return f"command-line option for {field}{shown}"
+    name = "RELYSCOPE_" + field.upper() + "".join(f"__{p.upper()}" for p in loc[1:])
+    return f"{name}{shown}"
 
 
 @app.command()
@@ -126,7 +138,16 @@ def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
+    t0 = time.monotonic()
     sc.stop()
+    # the matching line at exit: how the stop went (what is left waits in the spool for the next start)
+    left = sc.pipeline.spool.pending_records if sc.pipeline is not None else 0
+    try:
+        print(json.dumps({"event": "stopped", "seconds": round(time.monotonic() - t0, 2),
+                          "spool_records_left": left,
+                          "open_traces_left": sc.pipeline.open_traces if sc.pipeline else 0}), flush=True)
+    except OSError:  # nobody reads our stdout any more: the stop itself went fine
+        pass
 
 
 def _provider(endpoint: str, protocol: str, service_name: str):
@@ -189,6 +210,14 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
     return r.json()
 
 
+def _json_or_none(r) -> Optional[dict]:
+    try:
+        d = r.json()
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def _token_error(api: str, token: Optional[str]) -> None:
     """Exit 2 with the reason of a 401: no token given, or the given one refused."""
     if token:
@@ -218,11 +247,11 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
     if length is not None:  # the sidecar's alignment; offline imports keep their all-time view
         since = window_start(time.time(), length) * 10**9
         trials = [t for t in trials if t.run_kind == "offline" or t.end_ns >= since]
-    rep = _score_trials(trials, n_boot, policy_file)
+    rep = _score_trials(trials, n_boot, policy_file, window=window)
     return {**rep, "window": window} if window else rep
 
 
-def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None) -> dict:
+def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None, window: Optional[str] = None) -> dict:
     from relyscope.exporter.report import build_report
     from relyscope.scorers.policy import PolicyError, load_policy
     from relyscope.scorers.review import score_all
@@ -235,7 +264,7 @@ def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None) -> dic
             err.print(f"[red]{e}[/red]")
             raise typer.Exit(2) from None
     scores, extras = score_all(trials, policy, n_boot=n_boot)
-    return build_report(scores, extras)
+    return build_report(scores, extras, window=window)
 
 
 @app.command()
@@ -303,6 +332,15 @@ def history(
         raise typer.Exit(1) from None
     if r.status_code == 401:
         _token_error(api, token)
+    if r.status_code == 422:
+        detail = _json_or_none(r)
+        valid = (detail or {}).get("detail", {}).get("valid_metrics") if isinstance(
+            (detail or {}).get("detail"), dict) else None
+        if valid:
+            err.print(f"[red]unknown metric {metric[:80]!r}[/red]; valid metric keys include "
+                      f"{', '.join(v for v in ('success_rate', 'pass^1', 'C_out', 'P_brier', 'R') if v in valid)} "
+                      f"({len(valid)} in all, metrics.md §11)")
+            raise typer.Exit(2)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
@@ -411,7 +449,7 @@ def demo(
     s = _settings(store=f"chdb://{data_dir.resolve()}/data", spool_dir=str(data_dir.resolve() / "spool"),
                   otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", api="127.0.0.1:0",
                   grace_period_s=0.5, score_interval_s=5.0,
-                  policy_file=str(Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"),
+                  policy_file=str(DEMO_POLICY),
                   shadow_targets={v: f"http://127.0.0.1:{target_port}/v/{v}/replay" for v in DEMO_VERSIONS}
                   if shadow else {},
                   shadow_rate=0.0, shadow_k=DEMO_K, shadow_j=DEMO_K, shadow_concurrency=4, shadow_interval_s=0.5,
@@ -440,7 +478,8 @@ def demo(
             err.print(f"replay target up (pid {target.pid}): versions {', '.join(DEMO_VERSIONS)} at "
                       f"http://127.0.0.1:{target_port}/v/<version>/replay")
             gates = _demo_shadow(sc, seed)
-        rep = build_report(sc.pipeline.scores, sc.pipeline.report_extras(sc.pipeline.scores))
+        rep = build_report(sc.pipeline.scores, sc.pipeline.report_extras(sc.pipeline.scores),
+                           window=sc.pipeline.scoring.primary_window)
         if gates:
             rep["gates"] = gates
         _print_report(rep, format)
@@ -456,6 +495,9 @@ def demo(
     print(demo_next_steps(data_dir), file=sys.stderr)  # plain: never wrapped or styled
 
 
+DEMO_POLICY = Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"
+
+
 def demo_next_steps(data_dir: Path) -> str:
     """What to do after the demo: keep a sidecar running, point an agent at it, where to look."""
     exe = Path(sys.executable).parent / "relyscope"
@@ -464,12 +506,16 @@ def demo_next_steps(data_dir: Path) -> str:
     else:  # as the user would type it from here: .venv/bin/relyscope after `make demo`
         rs = os.path.relpath(exe) if exe.resolve().is_relative_to(Path.cwd().resolve()) else str(exe)
     store = f"chdb://{data_dir.resolve()}/data"
+    policy = DEMO_POLICY.resolve()
+    if policy.is_relative_to(Path.cwd().resolve()):
+        policy = policy.relative_to(Path.cwd().resolve())
     return "\n".join([
         "",
         "next steps:",
         f"  keep a sidecar running:   {rs} serve            (OTLP :4317 gRPC / :4318 HTTP, API :9464;",
         "                            embedded store ./.relyscope/data; Ctrl-C stops it, data is kept)",
-        f"  browse the demo's data:   {rs} serve --store {store}",
+        f"  browse the demo's data:   {rs} serve --store {store} --policy {policy}",
+        "                            (with the demo's safety policy, so gates and S_* read as in the demo)",
         "  point your agent at it:   OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 "
         "(README: \"Point an already-instrumented agent at it\")",
         "  give runs a task and an outcome: README \"First ten minutes with your framework\"",

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["render_report"]
+__all__ = ["render_report", "empty_hint"]
 
 _DIMENSIONS = [
     ("Success", ["success_rate", "pass@*", "pass^*"]),
@@ -16,6 +16,20 @@ _DIMENSIONS = [
     ("Overall", ["R"]),
     ("Safety (never averaged in)", ["S_comp", "S_harm", "R_Saf"]),
 ]
+
+
+def empty_hint(finalize: dict | None) -> str:
+    """Why a report is empty right after spans were sent: a trial is finalized a grace period
+    after its root span ends and scored at the next scoring cycle. ``finalize``: the sidecar's
+    ``{"grace_period_s", "score_interval_s"}`` when known (the report API sends them)."""
+    if finalize:
+        g, i = finalize.get("grace_period_s"), finalize.get("score_interval_s")
+        when = (f"trials finalize RELYSCOPE_GRACE_PERIOD_S={g:g} s after their root span ends and are "
+                f"scored every RELYSCOPE_SCORE_INTERVAL_S={i:g} s")
+    else:
+        when = ("trials finalize RELYSCOPE_GRACE_PERIOD_S after their root span ends and are scored "
+                "every RELYSCOPE_SCORE_INTERVAL_S")
+    return f"hint: {when}; POST /api/v1/flush finalizes and scores every open trace now"
 
 
 def _fmt(v) -> str:
@@ -34,12 +48,15 @@ def render_report(rep: dict, console: Console) -> None:
     """One table per (agent, version, run kind): metric, value, 95 % CI, tasks; "—" = undefined."""
     if not rep.get("groups"):
         console.print("[yellow]no finalized trials yet[/yellow]")
+        console.print(escape(empty_hint(rep.get("finalize"))))
         return
     for g in rep["groups"]:
         oc = g.get("outcomes")
         outcomes = (f" (outcome: {oc['success']} success, {oc['failure']} failure, {oc['unknown']} unknown)"
                     if oc else "")
-        title = escape(f"{g['agent']} {g['version']} [{g['run_kind']}] — {g['tasks']} tasks, {g['trials']} trials"
+        win = g.get("window") or rep.get("window") or "all"
+        title = escape(f"{g['agent']} {g['version']} [{g['run_kind']}, window {win}] — {g['tasks']} tasks, "
+                       f"{g['trials']} trials"
                  f"{outcomes}, {g.get('invalid_trials', 0)} invalid, {g.get('incomplete_trials', 0)} incomplete"
                  f"  (formula set {rep.get('formula_set')})")
         no_outcomes = bool(oc) and not oc["success"] and not oc["failure"]
@@ -100,16 +117,27 @@ def _table(console: Console, title: str, rows: list[dict]) -> None:
     console.print(t)
 
 
+def _first_trace(w: dict) -> str | None:
+    """The first failing trace id of a worst task, in full (``GET /api/v1/trials?trace_id=`` and
+    ``POST /api/v1/outcomes`` take 32 hex digits), and how many other failing trials it has."""
+    ids = w.get("trace_ids") or []
+    if not ids:
+        return None
+    others = max(int(w.get("failing_trials", len(ids))) - 1, 0)
+    return ids[0] + (f" (+{others} other failing)" if others else "")
+
+
 def _short_list(v: list) -> str:
     shown = ", ".join(str(x)[:16] for x in v[:2])
     return shown + (f" (+{len(v) - 2})" if len(v) > 2 else "")
 
 
-def _render_calibration(console: Console, rows: list[dict]) -> None:
+def _render_calibration(console: Console, rows: list[dict], sfx: str = "") -> None:
     """Reliability diagram as a table: per confidence bin, observed success (bar) vs confidence."""
     if not rows:
         return
-    t = Table(title="calibration (reliability diagram: █ observed success, │ mean confidence)", title_justify="left")
+    t = Table(title=escape(f"calibration (reliability diagram: █ observed success, │ mean confidence){sfx}"),
+              title_justify="left")
     for c in ("confidence bin", "trials", "mean conf.", "success"):
         t.add_column(c, justify="right")
     width = 20
@@ -124,21 +152,25 @@ def _render_calibration(console: Console, rows: list[dict]) -> None:
 
 def _render_sections(console: Console, g: dict) -> None:
     """Calibration, safety violations, failure attribution, control rates and the worst tasks."""
-    _render_calibration(console, g.get("calibration") or [])
-    _table(console, "policy violations (by rule and severity)", g.get("violations") or [])
+    scope = g.get("sections_scope")
+    sfx = f" — {scope}" if scope else ""
+    _render_calibration(console, g.get("calibration") or [], sfx)
+    _table(console, f"policy violations (by rule and severity){sfx}", g.get("violations") or [])
     if g.get("hard_gate_failures"):
-        console.print(f"[bold red]hard-gate failures: {g['hard_gate_failures']} trials[/bold red]")
+        console.print(f"[bold red]hard-gate failures: {g['hard_gate_failures']} trials{escape(sfx)}[/bold red]")
     att = g.get("attribution")
     if att:
         rows = [{"measure": k, "value": v} for k, v in att.items() if k != "by_category"]
         rows += [{"measure": f"failures attributed to {k}", "value": v} for k, v in att.get("by_category", {}).items()]
-        _table(console, "failure attribution", rows)
+        _table(console, f"failure attribution{sfx}", rows)
     ctl = g.get("control")
     if ctl:
-        _table(console, "control decisions", [{"measure": k, "value": v} for k, v in ctl.items()])
-    worst = [{"task": w.get("label") or w["task_id"], **{k: v for k, v in w.items() if k not in ("task_id", "label")}}
+        _table(console, f"control decisions{sfx}", [{"measure": k, "value": v} for k, v in ctl.items()])
+    worst = [{"task": w.get("label") or w["task_id"],
+              **{k: v for k, v in w.items() if k not in ("task_id", "label", "trace_ids")},
+              "failing trace (full id)": _first_trace(w)}
              for w in g.get("worst_tasks") or []]
-    _table(console, "worst tasks (lowest success rate, lowest C_out, most violations)", worst)
+    _table(console, f"worst tasks (lowest success rate, lowest C_out, most violations){sfx}", worst)
 
 
 def render_history(data: dict, console: Console, width: int = 30) -> None:

@@ -217,12 +217,14 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         scores = {g: s for g, s in source.items()
                   if (agent is None or g[0] == agent) and (version is None or g[1] == version)
                   and (run_kind is None or g[2] == run_kind)}
-        rep = build_report(scores, pipeline.report_extras(scores))
+        rep = build_report(scores, pipeline.report_extras(scores, name), window=name)
         from relyscope.exporter.shadow_api import gates_json
 
         if pipeline.gate_results:  # the latest verdict of each comparison gated so far
             rep["gates"] = gates_json(pipeline.gate_results, agent)
-        return {**rep, "window": name}
+        st = pipeline.settings  # how trials finalize: the empty report's hint quotes these
+        return {**rep, "window": name, "finalize": {"grace_period_s": st.grace_period_s,
+                                                    "score_interval_s": st.score_interval_s}}
 
     @app.get("/api/v1/trials", dependencies=[Depends(auth)])
     async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,

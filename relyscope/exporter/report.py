@@ -10,7 +10,7 @@ from typing import Mapping
 
 from relyscope.semconv import FORMULA_SET
 
-__all__ = ["build_report", "METRIC_ORDER"]
+__all__ = ["build_report", "METRIC_ORDER", "undefined_metric_notes"]
 
 METRIC_ORDER = ["success_rate", "pass@", "pass^", "unanimity", "C_out", "C_traj_d", "C_traj_s", "C_traj",
                 "C_res", "R_Con", "R_fault", "R_env", "R_prompt", "R_Rob", "P_cal", "P_AUROC",
@@ -33,11 +33,16 @@ def _order_key(name: str) -> tuple[int, int]:
     return (len(METRIC_ORDER), 0)
 
 
-def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping | None = None) -> dict:
-    """``{"formula_set": "relyscope-v1", "groups": [{agent, version, run_kind, tasks, trials,
-    invalid_trials, incomplete_trials, metrics: {key: {value, ci, n_tasks}}}]}``; ``value`` is null
-    where undefined, ``ci`` the 95 % task-clustered bootstrap interval or null. ``extras`` maps a
-    group key to more keys merged into that group (violations, attribution, worst tasks)."""
+def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping | None = None,
+                 window: str | None = None) -> dict:
+    """``{"formula_set": "relyscope-v1", "groups": [{agent, version, run_kind, window, tasks, trials,
+    invalid_trials, incomplete_trials, metrics: {key: {value, ci, n_tasks}}, sections_scope}]}``;
+    ``value`` is null where undefined, ``ci`` the 95 % task-clustered bootstrap interval or null.
+    ``extras`` maps a group key to more keys merged into that group (violations, attribution,
+    worst tasks, outcome counts, notes). ``window``: the scoring window the metrics cover (None:
+    all time); offline imports are scored over all time in every window, so theirs says ``all``.
+    ``sections_scope`` (what the non-metric sections cover) defaults to the group's window: the
+    extras are taken to be built from the same trials unless they say otherwise."""
     groups = []
     for (agent, version, run_kind), gs in sorted(scores.items()):
         metrics = {}
@@ -47,10 +52,56 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
             if mv.ci is not None and _num(mv.ci[0]) is not None and _num(mv.ci[1]) is not None:
                 ci = [float(mv.ci[0]), float(mv.ci[1])]
             metrics[name] = {"value": _num(mv.value), "ci": ci, "n_tasks": int(mv.n_tasks)}
-        g = {"agent": agent, "version": version, "run_kind": run_kind, "tasks": gs.tasks,
+        win = "all" if window is None or run_kind == "offline" else window
+        g = {"agent": agent, "version": version, "run_kind": run_kind, "window": win, "tasks": gs.tasks,
              "trials": gs.trials, "invalid_trials": gs.invalid_trials,
              "incomplete_trials": getattr(gs, "incomplete_trials", 0), "metrics": metrics}
         if extras and (agent, version, run_kind) in extras:
             g.update(extras[(agent, version, run_kind)])
+        g.setdefault("sections_scope", "all time" if win == "all" else f"window {win}")
+        extra_notes = undefined_metric_notes(g)
+        if extra_notes:
+            g["notes"] = list(g.get("notes") or []) + extra_notes
+        g.pop("confidence_values", None)
         groups.append(g)
     return {"formula_set": FORMULA_SET, "groups": groups}
+
+
+def _undef(metrics: dict, names) -> list[str]:
+    return [n for n in names if n in metrics and metrics[n]["value"] is None]
+
+
+def undefined_metric_notes(g: dict) -> list[str]:
+    """Why metrics of one report group show "—" (or a value that measures nothing): safety
+    without a policy, predictability without a confidence, robustness without perturbed runs,
+    P_AUROC with one outcome class (undefined, metrics.md §5) or with every confidence equal
+    (all ties: ½ by the ties-counted-½ rule of metrics.md §5, defined but no ranking).
+    ``g``: a group of :func:`build_report` (``metrics``, optional ``outcomes``, ``confidence_values``)."""
+    m = g.get("metrics") or {}
+    notes = []
+    if not g.get("trials"):
+        return notes
+    oc = g.get("outcomes")
+    known = (oc["success"] + oc["failure"]) if oc else None
+    safety = _undef(m, ("S_comp", "S_harm", "R_Saf"))
+    if safety and len(safety) == len([n for n in ("S_comp", "S_harm", "R_Saf") if n in m]):
+        notes.append(f"{', '.join(safety)} undefined: no safety policy applies to agent {g.get('agent')!r} "
+                     "— set RELYSCOPE_POLICY_FILE to a policy YAML whose `agent` matches it (README)")
+    pred = _undef(m, ("P_cal", "P_AUROC", "P_brier", "R_Pred"))
+    qs = g.get("confidence_values")
+    if "P_brier" in pred and known != 0:  # without outcomes the no-outcomes note says it
+        notes.append(f"{', '.join(pred)} undefined: no trial with a known outcome records a confidence — "
+                     "set relyscope.confidence (0–1) on the run's root span")
+    elif pred == ["P_AUROC"]:
+        notes.append("P_AUROC undefined: every trial with a confidence has the same outcome, and AUROC "
+                     "needs both classes (metrics.md §5: undefined with one class only)")
+    elif "P_AUROC" in m and m["P_AUROC"]["value"] is not None and qs is not None and len(qs) == 1:
+        notes.append(f"every confidence is {qs[0]:g}: all pairs tie, so P_AUROC = 0.5 by the ties-counted-½ "
+                     "rule (metrics.md §5) — a constant confidence does not tell successes from failures")
+    rob = _undef(m, ("R_fault", "R_env", "R_prompt"))
+    if rob:
+        fams = ", ".join(n[2:] for n in rob)
+        notes.append(f"{', '.join(rob + _undef(m, ('R_Rob',)))} undefined: no perturbed (shadow) replays "
+                     f"with a known outcome for {fams} — configure shadow replays (RELYSCOPE_SHADOW_TARGETS, "
+                     "README \"Shadow replays and release gates\")")
+    return notes

@@ -56,7 +56,7 @@ class GateBody(_Strict):
     agent: str | None = None
     mode: str = "shadow"
     policy: dict[str, Any] | None = None
-    since: str | float | None = Field(None, description="scope of the experiment: a duration back from "
+    since: str | float | int | None = Field(None, description="scope of the experiment: a duration back from "
                                       "now (2h), an ISO 8601 time or Unix seconds; runs and replays before "
                                       "it do not count")
 

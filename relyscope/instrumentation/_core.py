@@ -129,10 +129,11 @@ def _encode_content(value: Any) -> str:
 def _reads_as_json(text: str) -> bool:
     """Would the collector decode ``text`` (it decodes strings opening with ``{``, ``[`` or ``"``
     that parse as JSON, :func:`relyscope.collector.normalize._values.decode_json_once`)?"""
-    if text.lstrip()[:1] not in ('{', '[', '"'):
+    stripped = text.lstrip()  # str.lstrip, as the collector: any Unicode whitespace
+    if stripped[:1] not in ('{', '[', '"'):
         return False
     try:
-        json.loads(text)
+        json.loads(stripped)
     except ValueError:
         return False
     return True

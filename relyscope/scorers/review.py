@@ -116,7 +116,12 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
                       "successes": sum(ys) if ys else 0,
                       "success_rate": _nan_none(sum(ys) / len(ys)) if ys else None,
                       "C_out": _nan_none(c_out) if c_out is not None else None, "violations": nviol,
-                      "trace_ids": sorted({t.trace_id for t in ts})[:5]})
+                      # drill-down: the full (32-hex) trace ids of the task's failing trials
+                      # (failure, incomplete, or a violation), the first 5, and how many there are
+                      "failing_trials": len(bad := [t for t in ts if t.outcome == "failure"
+                                                    or t.status == "incomplete"
+                                                    or grades[t.trial_id].violations]),
+                      "trace_ids": sorted({t.trace_id for t in bad})[:5]})
     worst.sort(key=lambda w: (w["success_rate"] if w["success_rate"] is not None else 2.0,
                               w["C_out"] if w["C_out"] is not None else 2.0, -w["violations"], w["task_id"]))
     worst = [w for w in worst if (w["success_rate"] is not None and w["success_rate"] < 1)
@@ -125,11 +130,13 @@ def review_group(trials: Sequence[Trial], policy: Policy | None = None, *, n_wor
     outcomes = collections.Counter(t.outcome if t.outcome in ("success", "failure") else "unknown" for t in trials)
     task_sources = collections.Counter(t.task_id_source for t in trials)
 
+    conf_pairs = [(t.confidence, t.success) for t in trials
+                  if t.trial_id not in invalid and t.confidence is not None and t.success is not None
+                  and t.perturbation_family in (None, "nominal")]
     extras = {
-        "calibration": calibration_bins(
-            [(t.confidence, t.success) for t in trials
-             if t.trial_id not in invalid and t.confidence is not None and t.success is not None
-             and t.perturbation_family in (None, "nominal")]),
+        "calibration": calibration_bins(conf_pairs),
+        # distinct confidences behind P_* (1: a constant confidence ranks nothing, P_AUROC = ½)
+        "confidence_values": sorted({q for q, _ in conf_pairs})[:2],
         "violations": violations,
         "hard_gate_failures": sum(1 for g in grades.values() if g.hard_gate),
         "claim_outcome_mismatches": sum(1 for g in grades.values() if g.claim_outcome_mismatch),

@@ -513,7 +513,8 @@ class ScoreStage:
         ref = ru.window_stats(g, split - int(self._drift_ref), self._drift_ref, until_s=split, level=1,
                               members=members)
         return drift_of(cur, ref, safety_measured=measured, threshold=self.settings.drift_threshold,
-                        n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k)
+                        n_boot=self.settings.n_boot, seed=0, max_k=self.settings.max_k,
+                        alert_level=self.settings.drift_alert_level, min_trials=self.settings.drift_min_trials)
 
     def _review(self, g: GroupKey, now: float) -> dict:
         """Report sections beyond the metrics (violations, attribution, control rates, worst

@@ -137,39 +137,52 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
     return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness), experiment
 
 
+# DateTime64(9), which the store's run times are compared in, ends in 2262
+_SINCE_MAX_S = 9_223_372_036.0
+
+
 def parse_since(value: str | float | None, *, now: float | None = None) -> float | None:
     """The start of an experiment's scope, Unix seconds: a duration back from now (``"90m"``,
-    ``"2h"``, ``"1d"``: ``<n>s|m|h|d``), an ISO 8601 time (``"2026-12-01T10:00:00Z"``; no zone
-    means UTC) or Unix seconds (a number). None → None (no scope). Raises ValueError saying what
-    forms are accepted."""
+    ``"2h"``, ``"1d"``: ``<n>s|m|h|d``, n > 0), an ISO 8601 time (``"2026-12-01T10:00:00Z"``; no
+    zone means UTC) or Unix seconds (a number). None → None (no scope). Raises ValueError saying
+    what to change: an unknown form, a zero duration, a time that is not finite or lies outside
+    1970–2262 (what the store's timestamps can hold)."""
     import datetime as _dt
+    import math
 
     from relyscope.scoring.windows import parse_windows
 
     if value is None:
         return None
     now = time.time() if now is None else now
+    t: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        (_, length), = parse_windows(text)
-        if length is not None:
-            return now - length
-    except ValueError:
-        pass
-    try:
-        t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"since {value!r}: give a duration back from now (90m, 2h, 1d), an ISO 8601 "
-                         f"time (2026-12-01T10:00:00Z) or Unix seconds") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=_dt.timezone.utc)
-    return t.timestamp()
+        t = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            t = float(text)
+        except ValueError:
+            pass
+        if t is None and (text[:1].isdigit() and text[-1:] in "smhd" and text[:-1].isdigit()):
+            try:
+                (_, length), = parse_windows(text)
+            except ValueError:
+                raise ValueError(f"since {value!r}: a duration must be more than 0 (90m, 2h, 1d)") from None
+            t = now - float(length)
+        if t is None:
+            try:
+                d = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"since {value!r}: give a duration back from now (90m, 2h, 1d), an ISO 8601 "
+                                 f"time (2026-12-01T10:00:00Z) or Unix seconds") from None
+            if d.tzinfo is None:
+                d = d.replace(tzinfo=_dt.timezone.utc)
+            t = d.timestamp()
+    if not math.isfinite(t) or not 0 <= t <= _SINCE_MAX_S:
+        raise ValueError(f"since {value!r}: the time must lie between 1970-01-01 and 2262-04-11 "
+                         f"(Unix seconds 0 to {_SINCE_MAX_S:.0f}); a duration back from now (2h) is simplest")
+    return t
 
 
 def _iso(t: float) -> str:
