@@ -32,8 +32,10 @@ class Settings(BaseSettings):
     """Sidecar configuration. Units: seconds, bytes."""
 
     # env_parse_none_str: RELYSCOPE_SCORES_TTL_DAYS=null (and any optional setting) means None
+    # allow_inf_nan=False: no setting means anything at inf/nan ("inf" days of retention overflows
+    # ClickHouse's DateTime; a nan timeout never fires) — use null where a setting takes None
     model_config = SettingsConfigDict(env_prefix="RELYSCOPE_", extra="forbid", env_nested_delimiter="__",
-                                      env_parse_none_str="null")
+                                      env_parse_none_str="null", allow_inf_nan=False)
 
     store: str = Field("chdb:///./.relyscope/data", description="ClickHouse DSN: chdb:///path or http(s)://host:8123/db")
     otlp_grpc: str = Field("127.0.0.1:4317", description="OTLP/gRPC listen address (port 0: any free port)")
@@ -47,6 +49,10 @@ class Settings(BaseSettings):
     decode_workers: int = Field(
         1, ge=1, le=64, description="processes that decode spool records for the worker (1: in the worker thread); "
         "results are consumed in spool order, so storing, assembly and commits are unchanged")
+    decode_timeout_s: float = Field(
+        10.0, gt=0, description="with decode_workers > 1: the longest wait for a worker's result; past it the "
+        "worker counts as hung, its processes are killed and restarted, and the record is decoded in the "
+        "worker thread (relyscope_decode_worker_restarts_total, last_error on /healthz)")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="largest OTLP request body (compressed and decompressed)")
     max_inflight_bytes: int = Field(
         256 << 20, ge=1 << 20, description="request bytes held at once by both OTLP receivers (bodies being read, "
@@ -192,6 +198,17 @@ class Settings(BaseSettings):
         None, description="chaos testing: while this file exists, store writes fail — empty: as if ClickHouse "
         "were down; JSON {\"code\": N, \"match\": S, \"tables\": [..]}: inserts fail with ClickHouse error code N "
         "while the server answers (relyscope.store.clickhouse)")
+
+    @field_validator("spans_ttl_days", "trials_ttl_days", "scores_ttl_days", "rollup_minute_ttl_days",
+                     "rollup_hour_ttl_days", "traj_sample_ttl_days")
+    @classmethod
+    def _ttl_bound(cls, v: float | None, info) -> float | None:
+        from relyscope.store.schema import check_ttl_days
+
+        # ≤ MAX_TTL_DAYS (20 000): ClickHouse DateTime + interval wraps past 2106 and a longer TTL
+        # would expire every row at once; only scores_ttl_days takes null (keep for ever)
+        check_ttl_days(f"RELYSCOPE_{info.field_name.upper()}", v, nullable=info.field_name == "scores_ttl_days")
+        return v
 
     @model_validator(mode="after")
     def _retention(self) -> "Settings":

@@ -13,6 +13,10 @@ caller alone.
 Nothing here acknowledges or commits anything: a result lost with a worker (killed, crashed)
 is decoded again from the same payload in the calling thread (:meth:`OrderedPrefetch.take`
 falls back and restarts the pool), and a crash of the main process leaves the spool as it was.
+A worker that hangs (stopped, deadlocked, swapping) is treated the same way after
+``timeout_s``: its processes are killed (``ProcessPoolExecutor.shutdown`` would wait for ever on
+a stopped process), the record is decoded in the calling thread and the pool restarted, counted
+in :attr:`OrderedPrefetch.restarts` — so one stuck process never stops ingest.
 Worker processes exit within ``_PARENT_POLL_S`` when the process that started them dies
 (``kill -9`` included), so no orphan outlives the sidecar.
 
@@ -29,6 +33,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
@@ -37,6 +42,13 @@ __all__ = ["DecodePool", "OrderedPrefetch"]
 log = logging.getLogger("relyscope.decode_pool")
 
 _PARENT_POLL_S = 0.5
+#: the longest wait for a new pool's first process to start (spawn + imports: seconds on a loaded
+#: machine); ``OrderedPrefetch.timeout_s`` counts only once it has
+_START_TIMEOUT_S = 60.0
+
+
+def _touch(fn: Callable) -> None:
+    """Warm-up task: unpickling ``fn`` imports its module in the worker; nothing is called."""
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -67,20 +79,46 @@ class DecodePool:
         self._ex = self._new()
 
     def _new(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx,
-                                   initializer=_watch_parent, initargs=(os.getpid(),))
+        ex = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx,
+                                 initializer=_watch_parent, initargs=(os.getpid(),))
+        #: done once a process has started and imported ``fn``'s module (a hang timeout must not
+        #: count the spawn)
+        self.started: Future = ex.submit(_touch, self.fn)
+        return ex
 
     def submit(self, payload: bytes) -> Future:
         """Queue ``fn(payload)``. Raises BrokenProcessPool if a worker died (then :meth:`restart`)."""
         return self._ex.submit(self.fn, payload)
 
-    def restart(self) -> None:
-        """Drop the current processes (a broken pool) and start new ones."""
+    def restart(self, *, kill: bool = False) -> None:
+        """Drop the current processes (a broken pool) and start new ones. ``kill``: SIGKILL the
+        old processes first (a hung or stopped one never exits on its own; SIGKILL ends a stopped
+        process too)."""
+        if kill:
+            self._kill()
         self._ex.shutdown(wait=False, cancel_futures=True)
         self._ex = self._new()
 
-    def close(self) -> None:
-        self._ex.shutdown(wait=True, cancel_futures=True)
+    def _kill(self) -> None:
+        for p in list((getattr(self._ex, "_processes", None) or {}).values()):
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        for p in list((getattr(self._ex, "_processes", None) or {}).values()):
+            p.join(timeout=5)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the processes: pending work cancelled, each given ``timeout_s`` to exit, then
+        killed (a stopped or hung one never would: ``shutdown(wait=True)`` would block for ever)."""
+        procs = list((getattr(self._ex, "_processes", None) or {}).values())
+        self._ex.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(5)
 
     def pids(self) -> list[int]:
         """Pids of the live worker processes (tests)."""
@@ -100,10 +138,13 @@ class OrderedPrefetch:
     ``seq``, so every take reflects what ``fetch`` returns then.
 
     At most ``max_records`` records and ``max_bytes`` of payload are in flight (at least one).
+    ``timeout_s``: the longest wait for one result before the pool counts as hung (see the module
+    docstring); None waits for ever.
     """
 
-    def __init__(self, pool: DecodePool, *, max_records: int, max_bytes: int):
+    def __init__(self, pool: DecodePool, *, max_records: int, max_bytes: int, timeout_s: float | None = None):
         self.pool = pool
+        self.timeout_s = timeout_s  # longest wait for one record's result; None: for ever
         self.max_records = max(1, max_records)
         self.max_bytes = max_bytes
         # seq -> (Future or decoded result, payload or None); keys increasing
@@ -112,6 +153,8 @@ class OrderedPrefetch:
         self._next = 0
         self._bytes = 0
         self.fallbacks = 0  # results decoded in the calling thread after a worker died
+        self.restarts = 0  # pool restarts (a worker died or hung)
+        self.last_restart: tuple[float, str] | None = None  # (time.time(), why) of the latest restart
 
     def reset(self, seq: int) -> None:
         for fut, _ in self._ahead.values():
@@ -139,12 +182,14 @@ class OrderedPrefetch:
                 self._ahead[rseq] = (item, None)
             self._next = rseq + 1
 
-    def _broken(self) -> None:
-        """A worker died: new processes; what was in flight on the old ones is submitted again
-        (or, if that fails too, decoded in the calling thread when taken)."""
-        log.warning("a decode worker died; restarting the pool and resubmitting %d records", len(self._ahead))
+    def _broken(self, why: str = "a decode worker died", *, kill: bool = False) -> None:
+        """A worker died (or hung: ``kill``): new processes; what was in flight on the old ones is
+        submitted again (or, if that fails too, decoded in the calling thread when taken)."""
+        log.warning("%s; restarting the pool and resubmitting %d records", why, len(self._ahead))
+        self.restarts += 1
+        self.last_restart = (time.time(), why)
         try:
-            self.pool.restart()
+            self.pool.restart(kill=kill)
         except Exception:  # noqa: BLE001 - keep going in-thread
             log.exception("restarting the decode pool failed")
         for rseq, (fut, payload) in list(self._ahead.items()):
@@ -155,6 +200,17 @@ class OrderedPrefetch:
                 self._ahead[rseq] = (self.pool.submit(payload), payload)
             except Exception:  # noqa: BLE001
                 self._ahead[rseq] = (None, payload)
+
+    def _result(self, fut: Future) -> Any:
+        """``fut.result()``, waiting at most ``timeout_s`` once the pool has started (FutureTimeout)."""
+        if self.timeout_s is None:
+            return fut.result()
+        if not self.pool.started.done():
+            try:
+                self.pool.started.result(timeout=max(_START_TIMEOUT_S, self.timeout_s))
+            except Exception:  # noqa: BLE001 - a broken or hung start: the timeout below decides
+                pass
+        return fut.result(timeout=self.timeout_s)
 
     def take(self, seq: int, fetch: Callable[[int], tuple[int, Any] | None]) -> tuple[int, Any, bytes | None] | None:
         if not (self._from <= seq <= self._next):
@@ -178,9 +234,15 @@ class OrderedPrefetch:
             res = self.pool.fn(payload)
         else:
             try:
-                res = fut.result()
+                res = self._result(fut)
             except BrokenProcessPool:
                 self._broken()
+                self.fallbacks += 1
+                res = self.pool.fn(payload)
+            except FutureTimeout:
+                fut.cancel()
+                self._broken(f"decode worker gave no result for spool record {rseq} in {self.timeout_s:g} s "
+                             "(hung or stopped); killed the decode processes", kill=True)
                 self.fallbacks += 1
                 res = self.pool.fn(payload)
         self._fill(fetch)  # keep the workers busy while the caller stores this one

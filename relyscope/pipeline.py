@@ -122,6 +122,10 @@ def spool_segment_bytes(settings: Settings) -> int:
     return max(HEADER_SIZE + 1, min(int(size), cap))
 
 
+#: how long /healthz shows a decode-pool restart as last_error (status degraded), seconds
+_DECODE_ERROR_SHOWN_S = 300.0
+
+
 class Pipeline:
     """Owns the spool, the worker and scorer threads, the trajectory builder and the latest scores.
 
@@ -217,7 +221,8 @@ class Pipeline:
         if workers > 1 and self._prefetch is None:
             self._prefetch = OrderedPrefetch(DecodePool(self._decode_fn, workers),
                                              max_records=_PREFETCH_RECORDS_PER_WORKER * workers,
-                                             max_bytes=_MEM_MAX_BYTES)
+                                             max_bytes=_MEM_MAX_BYTES,
+                                             timeout_s=getattr(self.settings, "decode_timeout_s", 10.0))
         for target, name in ((self._work_loop, "relyscope-worker"), (self._score_loop, "relyscope-scorer")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -269,8 +274,18 @@ class Pipeline:
 
     @property
     def last_error(self) -> str | None:
-        """The last store error seen (for /healthz), or None."""
+        """The last store error seen (for /healthz), or None; else a decode-pool restart (a worker
+        died or hung) in the last ``_DECODE_ERROR_SHOWN_S`` seconds, or None."""
+        if self._last_error is None and self._prefetch is not None and self._prefetch.last_restart:
+            at, why = self._prefetch.last_restart
+            if time.time() - at < _DECODE_ERROR_SHOWN_S:
+                return why
         return self._last_error
+
+    @property
+    def decode_restarts(self) -> int:
+        """Decode-pool restarts since start (a worker died or gave no result in decode_timeout_s)."""
+        return self._prefetch.restarts if self._prefetch is not None else 0
 
     @property
     def queue_depth(self) -> int:

@@ -175,6 +175,56 @@ def test_prefetch_survives_a_killed_worker(pool):
     assert pool.pids() and pids[0] not in pool.pids()  # restarted
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" not in f.read()
+    except OSError:
+        return False
+
+
+def test_prefetch_kills_and_replaces_stopped_workers_after_the_timeout():
+    """SIGSTOP every worker: ``take`` used to wait on ``fut.result()`` for ever. Now, past
+    ``timeout_s``, the stopped processes are killed (shutdown would wait on them), the record is
+    decoded in the calling thread, the pool restarted and every record still comes back right."""
+    p = DecodePool(functools.partial(decode_spool_record, limits=LIMITS), 2)
+    stopped: list[int] = []
+    try:
+        p.started.result(timeout=120)
+        recs = {i: RECORDS[i % len(RECORDS)] for i in range(1, 12)}
+        fetch = _source(recs)
+        pf = OrderedPrefetch(p, max_records=4, max_bytes=1 << 30, timeout_s=1.0)
+        rseq, res, _ = pf.take(1, fetch)
+        assert (rseq, res) == (1, _in_thread(recs[1])) and pf.restarts == 0
+        for _ in range(100):  # processes are spawned on demand: wait for both
+            if len(p.pids()) == 2:
+                break
+            time.sleep(0.1)
+        stopped = p.pids()
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        pf.reset(2)  # drop what was prefetched before the stop: the next results need the workers
+        t0 = time.monotonic()
+        seq, seen = 2, []
+        while (got := pf.take(seq, fetch)) is not None:
+            rseq, res, _ = got
+            assert res == _in_thread(recs[rseq])
+            seen.append(rseq)
+            seq = rseq + 1
+        assert seen == list(range(2, 12))
+        assert pf.restarts >= 1 and "hung or stopped" in pf.last_restart[1]
+        assert time.monotonic() - t0 < 60  # bounded: not waiting for a SIGCONT
+        assert not any(_alive(pid) for pid in stopped)
+        assert p.pids() and not set(p.pids()) & set(stopped)
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        p.close()
+
+
 def test_workers_exit_when_their_parent_dies(tmp_path):
     """kill -9 of the process that owns the pool leaves no decode process behind."""
     import subprocess

@@ -16,6 +16,7 @@ timing.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import threading
@@ -617,3 +618,58 @@ def test_sidecar_starts_and_spools_while_the_clickhouse_server_is_down(tmp_path)
         assert keys == {("cd" * 16, "ef" * 8)}
     finally:
         up.kill()
+
+
+def _decode_workers(sc: SidecarProc) -> list[int]:
+    """The sidecar's decode processes (its spawned children, not multiprocessing's resource tracker)."""
+    out = []
+    for pid in _decode_children(sc):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            out.append(pid)
+    return out
+
+
+def _post_proto(sc: SidecarProc, spans: list[dict]) -> httpx.Response:
+    """OTLP/HTTP protobuf: decoded by the decode processes (JSON is decoded when received)."""
+    return httpx.post(sc.otlp_http + "/v1/traces", content=otlp_proto(spans),
+                      headers={"content-type": "application/x-protobuf"}, timeout=20)
+
+
+def test_a_stopped_decode_worker_does_not_stop_ingest(tmp_path, sidecars):
+    """With 2 decode processes, SIGSTOP them: requests are still acknowledged, and (the bug) nothing
+    was stored until SIGCONT while /healthz said ok. Now the worker thread waits at most
+    RELYSCOPE_DECODE_TIMEOUT_S for a result, kills the stuck processes, decodes the record itself
+    and restarts the pool — counted on /metrics and shown as last_error."""
+    sc = _start(sidecars, tmp_path, RELYSCOPE_DECODE_WORKERS=2, RELYSCOPE_DECODE_TIMEOUT_S=2)
+    stopped: list[int] = []
+    try:
+        first = make_trace(trace_id_of(9, 0), task="t0")
+        assert _post_proto(sc, first).status_code == 200
+        wait_until(lambda: keys_of(first) <= stored_keys(sc), 30, "first trace stored")
+        wait_until(lambda: len(_decode_workers(sc)) >= 1, 30, "decode workers started")
+        stopped = _decode_workers(sc)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        traces = [make_trace(trace_id_of(9, i), task=f"t{i % 3}") for i in range(1, 6)]
+        for spans in traces:
+            assert _post_proto(sc, spans).status_code == 200
+        want = set().union(*(keys_of(s) for s in traces))
+        wait_until(lambda: want <= stored_keys(sc), 30, "spans stored while the decode workers are stopped")
+        assert metric(sc, "relyscope_decode_worker_restarts_total") >= 1
+        health = sc.get("/healthz").json()
+        assert "decode worker" in (health["last_error"] or "") and health["status"] == "degraded", health
+        assert all(_gone(p) for p in stopped)  # the stuck processes were killed, not left behind
+        more = make_trace(trace_id_of(9, 99), task="t1")  # the restarted pool decodes again
+        assert _post_proto(sc, more).status_code == 200
+        wait_until(lambda: keys_of(more) <= stored_keys(sc), 30, "stored after the restart")
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        sc.kill(signal.SIGKILL)

@@ -239,3 +239,55 @@ def test_the_sidecar_applies_its_retention_settings_at_start(tmp_path):
     r = subprocess.run([str(RELYSCOPE_BIN), "serve"], capture_output=True, text=True, timeout=120,
                        env={**sc.env, "RELYSCOPE_SPANS_TTL_DAYS": "5", "RELYSCOPE_TRIALS_TTL_DAYS": "2"})
     assert r.returncode == 2 and "spans must not outlive trials" in r.stderr.replace("\n", " ")
+
+
+_TTL_FIELDS = ("spans_ttl_days", "trials_ttl_days", "scores_ttl_days", "rollup_minute_ttl_days",
+               "rollup_hour_ttl_days", "traj_sample_ttl_days")
+
+
+def test_chdb_datetime_plus_interval_wraps_past_2106_and_20000_days_does_not():
+    """The bound's reason, on the real engine: 30 000 d from now wraps (UInt32 seconds end
+    2106-02-07), 20 000 d (the largest retention accepted) stays in the future."""
+    import chdb
+
+    wrapped = chdb.query("SELECT toYear(toDateTime(now()) + toIntervalSecond(86400 * 30000))", "CSV").data()
+    assert int(wrapped) < 2026
+    ok = chdb.query("SELECT toDateTime(now()) + toIntervalSecond(86400 * 20000) > now()", "CSV").data()
+    assert ok.strip() == "1"
+
+
+def test_a_retention_that_would_overflow_clickhouse_datetime_is_refused(monkeypatch):
+    """RELYSCOPE_*_TTL_DAYS=36500 (100 years) used to be accepted and expired every row at once."""
+    with pytest.raises(ValidationError) as e:
+        Settings(**{f: 36500 for f in _TTL_FIELDS})
+    msg = str(e.value)
+    for f in ("spans_ttl_days", "trials_ttl_days", "rollup_hour_ttl_days", "traj_sample_ttl_days"):
+        assert f"RELYSCOPE_{f.upper()}=36500" in msg and "use a smaller value" in msg
+    assert "RELYSCOPE_SCORES_TTL_DAYS=36500" in msg and "use null" in msg  # scores: None = for ever
+    Settings(spans_ttl_days=20000, trials_ttl_days=20000, scores_ttl_days=None, rollup_hour_ttl_days=20000,
+             rollup_minute_ttl_days=20000, traj_sample_ttl_days=20000)  # the bound itself is fine
+    with pytest.raises(ValueError, match="20000"):
+        Retention(rollup_hour_days=36500)
+    with pytest.raises(ValueError, match="20000"):
+        Rollup(None, None, hour_ttl_days=36500)
+    for bad in ("inf", "nan", "1e300", "-inf"):
+        for f in _TTL_FIELDS:
+            monkeypatch.setenv(f"RELYSCOPE_{f.upper()}", bad)
+            with pytest.raises(ValidationError) as e:
+                Settings()
+            assert f in str(e.value), (f, bad)
+            monkeypatch.delenv(f"RELYSCOPE_{f.upper()}")
+
+
+def test_relyscope_schema_reports_a_bad_retention_naming_the_variable_without_a_traceback():
+    import os
+    import subprocess
+    import sys
+
+    for var, bad in (("RELYSCOPE_SPANS_TTL_DAYS", "inf"), ("RELYSCOPE_ROLLUP_HOUR_TTL_DAYS", "1e300"),
+                     ("RELYSCOPE_SCORES_TTL_DAYS", "nan")):
+        r = subprocess.run([sys.executable, "-m", "relyscope.cli.main", "schema"], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, var: bad})
+        assert r.returncode == 2, (var, r.stderr)
+        assert var in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert "CREATE" not in r.stdout

@@ -107,3 +107,33 @@ def test_cluster_name_must_be_an_identifier():
     r = subprocess.run([sys.executable, "-m", "relyscope.cli.main", "schema", "--cluster", "a b"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
+
+
+def _schema_rc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relyscope.cli.main", "schema", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_database_and_zk_path_that_would_corrupt_the_ddl_are_refused():
+    """They go into the DDL verbatim: ``x; drop`` used to print ``CREATE DATABASE IF NOT EXISTS
+    x; drop;``, a quote in --zk-path broke the literal, a path without {table} put every table on
+    one Keeper node, and ``--cluster ""`` silently printed the single-node DDL."""
+    for args, hint in ((("--database", "x; drop"), "--database"), (("--database", "1x"), "--database"),
+                       (("--database", "a-b"), "--database"),
+                       (("--cluster", "c1", "--zk-path", "/a'b/{shard}/{table}"), "--zk-path"),
+                       (("--cluster", "c1", "--zk-path", "/a\\b/{shard}/{table}"), "--zk-path"),
+                       (("--cluster", "c1", "--zk-path", "/no/macros"), "--zk-path"),
+                       (("--cluster", "c1", "--zk-path", "/t/{shard}"), "--zk-path"),
+                       (("--cluster", "c1", "--zk-path", "/t/{table}"), "--zk-path"),
+                       (("--cluster", ""), "--cluster"), (("--cluster", " "), "--cluster")):
+        r = _schema_rc(*args)
+        assert r.returncode == 2, (args, r.stdout[:200], r.stderr)
+        assert hint in r.stderr and "CREATE" not in r.stdout, (args, r.stderr)
+    with pytest.raises(ValueError, match="lacks"):
+        cluster_schema("c1", zk_path="/no/macros")
+    # a custom path with both macros is fine, and every replicated table gets its own path
+    ddl = _cli("--cluster", "c1", "--database", "db_1", "--zk-path", "/ch/{shard}/x/{table}")
+    paths = [m.group(1) for s in ddl for m in [re.search(r"MergeTree\('([^']*)'", s)] if m]
+    assert len(paths) == len(set(paths)) > 5
+    assert "/ch/{shard}/x/trials" in paths and "/ch/all/x/scoring_state" in paths
+    assert ddl[0] == "CREATE DATABASE IF NOT EXISTS db_1 ON CLUSTER 'c1'"

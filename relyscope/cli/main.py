@@ -586,11 +586,19 @@ def schema(
     """Print every table and view of a relyscope store as ClickHouse DDL (statements end with ';',
     for clickhouse-client --multiquery), with the retention TTLs of the current settings
     (RELYSCOPE_SPANS_TTL_DAYS, RELYSCOPE_TRIALS_TTL_DAYS, …)."""
-    from relyscope.store.schema import Retention, cluster_schema, statements
+    from relyscope.store.schema import Retention, check_database, check_zk_path, cluster_schema, statements
 
+    # checked before anything is printed: each goes into the DDL verbatim (BadParameter: exit 2)
+    for check, value, opt in ((check_database, database, "--database"), (check_zk_path, zk_path, "--zk-path")):
+        try:
+            check(value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint=opt) from None
+    if cluster is not None and not cluster.strip():
+        raise typer.BadParameter("empty cluster name (omit --cluster for the single-node DDL)", param_hint="--cluster")
     ret = Retention.from_settings(_settings())
     try:
-        ddl = cluster_schema(cluster, ret, zk_path=zk_path) if cluster else statements(ret)
+        ddl = cluster_schema(cluster, ret, zk_path=zk_path) if cluster is not None else statements(ret)
     except ValueError as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None

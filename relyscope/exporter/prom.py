@@ -23,7 +23,8 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
 ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
-``relyscope_store_write_errors_total``, ``relyscope_store_write_seconds`` (histogram),
+``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
+``relyscope_store_write_seconds`` (histogram),
 ``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
 ``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
 ``relyscope_open_traces_bytes``, ``relyscope_open_traces_finalized_early_total``,
@@ -141,6 +142,9 @@ class _ReliabilityCollector(Collector):
         yield warn
         yield CounterMetricFamily("relyscope_trials_finalized", "Trials finalized (incl. re-finalized)", value=s.trials_finalized)
         yield CounterMetricFamily("relyscope_store_write_errors", "Failed ClickHouse writes", value=s.store_errors)
+        yield CounterMetricFamily("relyscope_decode_worker_restarts", "Decode worker pool restarts: a worker "
+                                  "died, or gave no result within RELYSCOPE_DECODE_TIMEOUT_S (killed; the record "
+                                  "was decoded in the worker thread)", value=getattr(p, "decode_restarts", 0))
         yield CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal (spool full, in-flight byte budget)", value=s.backpressure)
         yield GaugeMetricFamily("relyscope_spool_bytes", "Bytes in the durable spool", value=p.spool.bytes_used)
         yield GaugeMetricFamily("relyscope_spool_max_bytes", "Capacity of the durable spool", value=p.settings.spool_max_bytes)

@@ -208,6 +208,11 @@ class Rollup:
     def __init__(self, store: Store, policy: Policy | None = None, *, judge: bool = False,
                  traj_sample: int = 50, write_grades: bool = True, minute_ttl_days: float = 2,
                  hour_ttl_days: float = 400, traj_ttl_days: float = 30):
+        from relyscope.store.schema import check_ttl_days
+
+        for name, v in (("minute_ttl_days", minute_ttl_days), ("hour_ttl_days", hour_ttl_days),
+                        ("traj_ttl_days", traj_ttl_days)):
+            check_ttl_days(name, v, nullable=False)  # finite, ≤ MAX_TTL_DAYS: DateTime + interval wraps past 2106
         if minute_ttl_days * 86400 < _MINUTE_LEVEL_MAX_S or hour_ttl_days <= 0 or traj_ttl_days <= 0:
             raise ValueError(f"minute rollups must be kept at least {_MINUTE_LEVEL_MAX_S / 86400:.2f} days "
                              "(the longest window read at minute buckets) and the others > 0 days")

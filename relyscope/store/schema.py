@@ -42,12 +42,14 @@ clusters and no Keeper (see README "Beyond one machine").
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Final
 
 __all__ = ["Retention", "ttl_clauses", "statements", "cluster_schema", "apply_retention", "current_ttl", "rollup_ttls",
-           "SHARD_KEYS", "NO_DIST"]
+           "SHARD_KEYS", "NO_DIST", "MAX_TTL_DAYS", "check_ttl_days",
+           "check_database", "check_zk_path"]
 
 #: the storage clock of each expiring store table (see the module docstring)
 _STORED_AT: Final = {
@@ -60,7 +62,33 @@ _STORED_AT: Final = {
     "shadow_replays": "toDateTime(intDiv(version_ns, 1000000000))",
     "scores": "toDateTime(computed_at)",
 }
+#: Retention field → the setting it comes from (named in error messages)
+_SETTING_NAMES: Final = {"spans_days": "spans_ttl_days", "trials_days": "trials_ttl_days",
+                         "scores_days": "scores_ttl_days", "rollup_minute_days": "rollup_minute_ttl_days",
+                         "rollup_hour_days": "rollup_hour_ttl_days", "traj_sample_days": "traj_sample_ttl_days"}
 _SETTING_OF: Final = {"otel_traces": "spans", "scores": "scores"}  # the rest: "trials"
+
+
+#: the longest retention, days: ClickHouse ``DateTime`` + ``toIntervalSecond`` wraps around past
+#: 2106-02-07 (UInt32 seconds), so ``now + 36 500 d`` lands in 1970-ish and every row expires at
+#: once. 20 000 d (≈ 54.8 years) keeps ``now + TTL`` below the wrap until ~2051.
+MAX_TTL_DAYS: Final = 20_000.0
+
+
+def check_ttl_days(name: str, v: float | None, *, nullable: bool) -> None:
+    """ValueError unless ``v`` is a finite number of days in (0, :data:`MAX_TTL_DAYS`] (or None
+    where ``nullable``: keep for ever). ``name`` is what the message calls the setting."""
+    hint = "use null (keep for ever) or a smaller value" if nullable else "use a smaller value"
+    if v is None:
+        if nullable:
+            return
+        raise ValueError(f"{name} needs a finite retention in days (rollups, which outlive it, expire)")
+    if not math.isfinite(v) or v > MAX_TTL_DAYS:
+        raise ValueError(f"{name}={v!r} days is beyond the longest retention, {MAX_TTL_DAYS:g} days "
+                         f"(ClickHouse DateTime arithmetic wraps past 2106 and would expire every row at once); "
+                         f"{hint}")
+    if not v > 0:
+        raise ValueError(f"{name} must be > 0 days, got {v!r}")
 
 
 def _secs(days: float) -> int:
@@ -71,7 +99,8 @@ def _secs(days: float) -> int:
 class Retention:
     """How long each kind of row is kept, in days (scores: ``None`` keeps them for ever).
 
-    Order (checked; ValueError otherwise): spans ≤ trials ≤ scores and ≤ hour rollups — spans are
+    Each is finite, > 0 and ≤ :data:`MAX_TTL_DAYS` (ValueError otherwise: a longer TTL overflows
+    ClickHouse's DateTime and expires everything at once). Order (checked; ValueError otherwise): spans ≤ trials ≤ scores and ≤ hour rollups — spans are
     the bulk and are only needed to re-finalize a trial, and rollups and scores must outlive the
     rows they came from. Minute rollups must cover the longest window read at minute buckets
     (25 h: windows up to 6 h, drift's 1 h + 24 h). Defaults: spans 14 d, trials 90 d, scores and
@@ -86,13 +115,8 @@ class Retention:
 
     def __post_init__(self):
         inf = float("inf")
-        for name in ("spans_days", "trials_days", "scores_days", "rollup_minute_days", "rollup_hour_days",
-                     "traj_sample_days"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"retention {name} must be > 0 days (or None: keep for ever), got {v!r}")
-        if self.spans_days is None or self.trials_days is None:
-            raise ValueError("spans and trials need a finite retention (rollups, which outlive them, expire)")
+        for name, setting in _SETTING_NAMES.items():
+            check_ttl_days(setting, getattr(self, name), nullable=name == "scores_days")
         s, t, c = self.spans_days, self.trials_days, inf if self.scores_days is None else self.scores_days
         if s > t:
             raise ValueError(f"spans must not outlive trials: spans_ttl_days={self.spans_days} > "
@@ -179,6 +203,32 @@ SHARD_KEYS: Final = {
 NO_DIST: Final = ("scoring_state",)
 
 
+#: a ClickHouse database name printed unquoted into the DDL (``relyscope schema --database``)
+DATABASE_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_database(name: str) -> str:
+    """``name`` if it is a plain ClickHouse identifier (:data:`DATABASE_RE`, ≤ 128 chars), else
+    ValueError — it goes into the DDL unquoted, so ``x; drop`` would be a second statement."""
+    if len(name) > 128 or not DATABASE_RE.fullmatch(name):
+        raise ValueError(f"bad database name {name!r}: use letters, digits and _ (not starting with a digit)")
+    return name
+
+
+def check_zk_path(path: str) -> str:
+    """``path`` if it can be the Keeper path of every replicated table, else ValueError: it is
+    printed inside a '…' literal (no quotes, backslashes or control characters), and it must hold
+    ``{table}`` (each table its own path: without it every table would share one Keeper node) and
+    ``{shard}`` (each shard its own replica set: without it every shard would replicate the others)."""
+    if not path or any(c in path for c in "'\\\"`") or any(ord(c) < 32 for c in path):
+        raise ValueError(f"bad --zk-path {path!r}: no quotes, backslashes or control characters")
+    missing = [m for m in ("{table}", "{shard}") if m not in path]
+    if missing:
+        raise ValueError(f"--zk-path {path!r} lacks {' and '.join(missing)}: the Keeper path must be unique per "
+                         "table and per shard, e.g. /clickhouse/tables/{shard}/{database}/{table}")
+    return path
+
+
 def cluster_schema(cluster: str, retention: Retention | None = None, *,
                    zk_path: str = "/clickhouse/tables/{shard}/{database}/{table}") -> list[str]:
     """The DDL of :func:`statements` for a ClickHouse cluster named ``cluster`` (NOT run against a
@@ -190,9 +240,10 @@ def cluster_schema(cluster: str, retention: Retention | None = None, *,
     ``<table>_dist`` Distributed table sharded by :data:`SHARD_KEYS` (the others by ``rand()``).
     Reads through ``_dist`` tables add up: per-task sums across shards, FINAL per shard is right
     because the replaced rows share a shard. Raises ValueError for a cluster name that is not an
-    identifier."""
+    identifier, or a ``zk_path`` :func:`check_zk_path` refuses."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", cluster):
         raise ValueError(f"bad cluster name {cluster!r}")
+    check_zk_path(zk_path)
     on = f" ON CLUSTER '{cluster}'"
     out = []
     for ddl in statements(retention):
