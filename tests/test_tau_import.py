@@ -109,6 +109,8 @@ def _expected_tool_calls(record):
 
 
 def test_tool_spans_match_file_in_order(replay, raw):
+    from relyscope.collector.normalize._values import decode_json_once
+
     _, _, _, roots, by_trace = replay
     root_by_key = {_key(r): r for r in roots}
     total_errors = 0
@@ -125,7 +127,8 @@ def test_tool_spans_match_file_in_order(replay, raw):
                 s.attributes["gen_ai.tool.name"],
                 s.attributes["gen_ai.tool.call.id"],
                 s.attributes["gen_ai.tool.call.arguments"],
-                s.attributes.get("gen_ai.tool.call.result"),
+                # as the collector reads it back: the tool's text exactly (JSON text stays text)
+                decode_json_once(s.attributes.get("gen_ai.tool.call.result")),
                 s.status.status_code == StatusCode.ERROR,
             )
             for s in tools
