@@ -130,22 +130,11 @@ def _evaluations(events: tuple[SpanEvent, ...]) -> tuple[Evaluation, ...]:
     return tuple(out)
 
 
-def _normalize(span: CanonicalSpan) -> SpanSemantics:
-    fields: dict[str, Any] = {}
-    op: Op | None = None
-    said_unknown = False
-    detected = [m for m in PRECEDENCE if m.detect(span)]
-    for m in detected:
-        part = m.extract(span)
-        mop = part.pop("op", None)
-        if mop is Op.UNKNOWN:
-            said_unknown = True
-        elif mop is not None and op is None:
-            op = mop
-        for k, v in part.items():
-            if v is not None and k not in fields:
-                fields[k] = v
-
+def _complete(span: CanonicalSpan, fields: dict[str, Any], op: Op | None, said_unknown: bool) -> Op:
+    """What every convention's fields share once gathered: the op when no convention named it,
+    the error type (an MCP ``isError`` result included), session id, cost, evaluations, a
+    guardrail's decision and total tokens. Fills ``fields`` in place; returns the op. Shared by
+    the oracle and the fast normalizer (:mod:`relyscope.collector.normalize.fast`)."""
     if op is None:
         if said_unknown:
             op = Op.UNKNOWN
@@ -179,6 +168,26 @@ def _normalize(span: CanonicalSpan) -> SpanSemantics:
         fields["decision"] = "refuse"
     if "total_tokens" not in fields and "input_tokens" in fields and "output_tokens" in fields:
         fields["total_tokens"] = fields["input_tokens"] + fields["output_tokens"]
+    return op
+
+
+def _normalize(span: CanonicalSpan) -> SpanSemantics:
+    fields: dict[str, Any] = {}
+    op: Op | None = None
+    said_unknown = False
+    detected = [m for m in PRECEDENCE if m.detect(span)]
+    for m in detected:
+        part = m.extract(span)
+        mop = part.pop("op", None)
+        if mop is Op.UNKNOWN:
+            said_unknown = True
+        elif mop is not None and op is None:
+            op = mop
+        for k, v in part.items():
+            if v is not None and k not in fields:
+                fields[k] = v
+
+    op = _complete(span, fields, op, said_unknown)
 
     label = "unknown"
     for m in _LABEL_ORDER:

@@ -22,8 +22,7 @@ from relyscope import semconv as sc
 from relyscope.model import CanonicalSpan, Op, SpanSemantics
 
 from . import (
-    _error,
-    _evaluations,
+    _complete,
     adk,
     genai,
     genkit,
@@ -41,7 +40,6 @@ from . import relyscope as rs
 from ._values import (
     as_bool,
     as_enum,
-    as_float,
     as_int,
     as_str,
     as_str_tuple,
@@ -210,9 +208,6 @@ _RS_CONV: Final = {
 _RS_OUT: Final = {"trial_separate": "separate_trial"}
 assert set(_RS_CONV) == set(_R), "relyscope.* table and fast converters disagree"
 
-_SESSION_ID: Final = "session.id"
-_OPERATION_COST: Final = "operation.cost"
-_MCP_TOOL_ERROR: Final = "tool_error"
 
 
 def _fast(span: CanonicalSpan) -> SpanSemantics | None:
@@ -242,38 +237,7 @@ def _fast(span: CanonicalSpan) -> SpanSemantics | None:
         for k, v in part.items():
             if v is not None and k not in fields:
                 fields[k] = v
-    if op is None:
-        if said_unknown:
-            op = Op.UNKNOWN
-        elif "tool_name" in fields:
-            op = Op.TOOL
-        elif "model" in fields or "input_tokens" in fields or "output_tokens" in fields:
-            op = Op.LLM
-        else:
-            op = Op.UNKNOWN
-    err = _error(span)
-    if err is not None:
-        fields["error_type"] = err
-    elif op is Op.TOOL:
-        result = fields.get("tool_result")
-        if isinstance(result, dict) and result.get("isError") is True:
-            fields["error_type"] = _MCP_TOOL_ERROR
-    if "conversation_id" not in fields:
-        sid = as_str(a.get(_SESSION_ID))
-        if sid:
-            fields["conversation_id"] = sid
-    if "cost_usd" not in fields:
-        cost = as_float(a.get(_OPERATION_COST))
-        if cost is not None and cost >= 0:
-            fields["cost_usd"] = cost
-    if span.events:
-        evaluations = _evaluations(span.events)
-        if evaluations:
-            fields["evaluations"] = evaluations
-    if fields.get("guardrail_triggered") is True and "decision" not in fields:
-        fields["decision"] = "refuse"
-    if "total_tokens" not in fields and "input_tokens" in fields and "output_tokens" in fields:
-        fields["total_tokens"] = fields["input_tokens"] + fields["output_tokens"]
+    op = _complete(span, fields, op, said_unknown)
     label = genai.NAME if has_g else (rs.NAME if has_rs else "unknown")
     return SpanSemantics(op=op, convention=label, **fields)
 
