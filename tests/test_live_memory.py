@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 import uuid
 
 import pytest
@@ -37,7 +38,9 @@ def chdb_path(tmp_path_factory):
 
 @pytest.fixture()
 def store(chdb_path):
-    return Store(f"chdb://{chdb_path}", database="m" + uuid.uuid4().hex[:10])
+    st = Store(f"chdb://{chdb_path}", database="m" + uuid.uuid4().hex[:10])
+    yield st
+    st.close()  # one embedded engine per process: the next module opens another path
 
 
 def check(store: Store, lives: list[LiveStats], now: float) -> None:
@@ -145,8 +148,9 @@ def test_stage_publishes_points_every_cycle_and_long_cis_on_cadence(chdb_path):
     their previous CIs; a flush (all_groups) refreshes them to the batch result."""
     db = "s" + uuid.uuid4().hex[:10]
     store = Store(f"chdb://{chdb_path}", database=db)
+    now_s = time.time()  # the stage reads the clock: NOW (module import) may be minutes old in a full run
     rng = random.Random(4)
-    base = [make_trial(rng, i, task=f"t{i % 6}", end_ns=int((NOW - 30 - i) * 1e9), agent="a") for i in range(60)]
+    base = [make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a") for i in range(60)]
     base = [dataclasses.replace(t, status="complete", perturbation_family=None,
                                 outcome="success" if i % 3 else "failure") for i, t in enumerate(base)]
     store.insert_trials(base)
@@ -157,7 +161,7 @@ def test_stage_publishes_points_every_cycle_and_long_cis_on_cadence(chdb_path):
     g = ("a", "1.0", "production")
     first = {w: stage.window_scores[w][g] for w, _ in WINDOWS}
     extra = [dataclasses.replace(base[0], trial_id=f"x{i}", trace_id=f"{9000 + i:032x}", outcome="failure",
-                                 end_ns=int((NOW - 5) * 1e9)) for i in range(6)]
+                                 end_ns=int((now_s - 5) * 1e9)) for i in range(6)]
     store.insert_trials(extra)
     stage.rescore()
     now = stage.window_scores
@@ -172,3 +176,4 @@ def test_stage_publishes_points_every_cycle_and_long_cis_on_cadence(chdb_path):
     trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
     batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
     assert_same(batch, stage.window_scores["all"][g])
+    store.close()
