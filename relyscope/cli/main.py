@@ -437,7 +437,7 @@ def demo(
     import socket
     import subprocess
 
-    from relyscope.demo.agent import run_demo
+    from relyscope.demo.agent import SeededIdGenerator, run_demo
     from relyscope.exporter.report import build_report
     from relyscope.sidecar import Sidecar
 
@@ -461,6 +461,7 @@ def demo(
               f"API http://127.0.0.1:{sc.api_port}, store {s.store}")
     try:
         tp = _provider(f"http://127.0.0.1:{sc.otlp_grpc_port}", "grpc", "support-agent")
+        tp.id_generator = SeededIdGenerator(seed)  # same ids, plan seeds and verdicts on every run
         summary = run_demo(tp, tasks=tasks, trials=trials, seed=seed)
         tp.force_flush()
         tp.shutdown()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import TracerProvider
 
 from relyscope.instrumentation import (
@@ -352,6 +353,22 @@ def task_by_id(task_id: str) -> DemoTask:
         if base == t.task_id or (base.startswith(t.task_id + "-") and base[len(t.task_id) + 1:].isdigit()):
             return t
     raise KeyError(task_id)
+
+
+class SeededIdGenerator(IdGenerator):
+    """Trace and span ids from ``random.Random(f"ids:{seed}")`` (an OTel SDK ``IdGenerator``):
+    with it the demo's production trial ids — and so the shadow plan's seeds, derived from them —
+    are the same on every run, and the demo's numbers and verdicts repeat exactly. For the demo
+    only: real agents keep the SDK's random ids."""
+
+    def __init__(self, seed: int):
+        self._rng = random.Random(f"ids:{seed}")
+
+    def generate_span_id(self) -> int:
+        return self._rng.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._rng.getrandbits(128) or 1
 
 
 def run_demo(
