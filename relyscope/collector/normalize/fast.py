@@ -46,8 +46,6 @@ from ._values import (
     as_unit,
     decode_json_once,
     first_user_text,
-    requested_call_ids,
-    requested_calls,
 )
 from .versions import CONVENTIONS
 
@@ -169,14 +167,9 @@ def _genai(span: CanonicalSpan) -> dict[str, Any]:
         out["first_user_input"] = first_user_text(in_msgs)
     out_msgs = g("output_messages")
     if out_msgs is not None:
-        decoded = decode_json_once(out_msgs)
-        requested = requested_call_ids(decoded)
-        calls = requested_calls(decoded)
+        requested, calls, finish = genai.output_message_fields(out_msgs, finish)
         if calls:
             out["requested_tools"] = calls
-        if not finish and isinstance(decoded, list):
-            finish = tuple(r for m in decoded
-                           if isinstance(m, dict) and isinstance(r := m.get("finish_reason"), str) and r)
         if finish:
             out["finish_reasons"] = finish
         if requested:

@@ -100,6 +100,18 @@ def detect(span: CanonicalSpan) -> bool:
     return False
 
 
+def output_message_fields(out_msgs: Any,
+                          finish: tuple[str, ...]) -> tuple[tuple[str, ...], Any, tuple[str, ...]]:
+    """From ``gen_ai.output.messages`` (JSON text or a decoded list): the tool-call ids the
+    model requested, the requested calls, and the finish reasons — ``finish`` when the span's
+    attribute gave any, else those of the messages. Shared with the fast normalizer."""
+    decoded = decode_json_once(out_msgs)
+    if not finish and isinstance(decoded, list):
+        finish = tuple(r for m in decoded
+                       if isinstance(m, dict) and isinstance(r := m.get("finish_reason"), str) and r)
+    return requested_call_ids(decoded), requested_calls(decoded), finish
+
+
 def extract(span: CanonicalSpan) -> dict[str, Any]:
     """SpanSemantics fields found in GenAI semconv attributes/events (absent fields omitted)."""
     a = span.attributes
@@ -135,17 +147,9 @@ def extract(span: CanonicalSpan) -> dict[str, Any]:
     out_msgs = first(a, _OUT_MSGS)
     requested: tuple[str, ...] = ()
     if out_msgs is not None:
-        decoded = decode_json_once(out_msgs)
-        requested = requested_call_ids(decoded)
-        calls = requested_calls(decoded)
+        requested, calls, finish = output_message_fields(out_msgs, finish)
         if calls:
             out["requested_tools"] = calls
-        if not finish and isinstance(decoded, list):
-            finish = tuple(
-                r
-                for m in decoded
-                if isinstance(m, dict) and isinstance(r := m.get("finish_reason"), str) and r
-            )
 
     # pre-2025 event-carried content (Semantic Kernel 1.55, Strands, early contrib instrumentations)
     if span.events:
