@@ -148,7 +148,7 @@ class Pipeline:
                              max_attribute_length=settings.max_attribute_length)
         self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
         # the hot path (relyscope.collector.fastpath) or the reference it is tested against
-        self._fast = getattr(settings, "ingest_decoder", "fast") == "fast"
+        self._fast = settings.ingest_decoder == "fast"
         # how a spool record is decoded: picklable, so decode_workers > 1 runs it in processes
         # (fast: redacted, normalized and laid out as insert columns there too)
         self._decode_fn: Callable[[bytes], DecodeResult] = (
@@ -217,12 +217,12 @@ class Pipeline:
         """Start the worker (which first replays what the spool holds) and the scorer thread."""
         if self.spool.pending_records:
             log.info("replaying %d spooled batches", self.spool.pending_records)
-        workers = getattr(self.settings, "decode_workers", 1) or 1
+        workers = self.settings.decode_workers
         if workers > 1 and self._prefetch is None:
             self._prefetch = OrderedPrefetch(DecodePool(self._decode_fn, workers),
                                              max_records=_PREFETCH_RECORDS_PER_WORKER * workers,
                                              max_bytes=_MEM_MAX_BYTES,
-                                             timeout_s=getattr(self.settings, "decode_timeout_s", 10.0))
+                                             timeout_s=self.settings.decode_timeout_s)
         for target, name in ((self._work_loop, "relyscope-worker"), (self._score_loop, "relyscope-scorer")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
