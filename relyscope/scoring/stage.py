@@ -261,7 +261,7 @@ class ScoreStage:
     def live(self) -> LiveStats:
         """The in-memory window statistics (created with the rollups)."""
         if self._live is None:
-            self._live = LiveStats(self.rollup(), [w for w in self.windows])
+            self._live = LiveStats(self.rollup(), [w for w in self.windows], max_k=self.settings.max_k)
             self._live_gen = self.rollup().generation
         return self._live
 
@@ -427,7 +427,7 @@ class ScoreStage:
                     live.check(g, name, now, fresh=st)
                     self._checked_at[key] = now
             else:
-                st = live.stats(g, name)
+                st = live.stats(g, name, trajectories=full)  # a CI from memory digests the sample
             if full or members is not None:
                 gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
                 self._ci_at[key] = now
