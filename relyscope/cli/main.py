@@ -204,6 +204,12 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
         return None
     if r.status_code == 401:
         _token_error(api, token)
+    detail = (_json_or_none(r) or {}).get("detail") if r.status_code == 422 else None
+    if window and isinstance(detail, str):  # a window the sidecar does not score: its reason, whole
+        from rich.markup import escape
+
+        err.print(f"[red]--window {escape(window)}:[/red] {escape(detail)}")
+        raise typer.Exit(2)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
