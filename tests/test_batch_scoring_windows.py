@@ -11,6 +11,7 @@ success_rate: all time 1/4 = 0.25; last hour 1/2 = 0.5 (5m would be 1/1 = 1.0).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -89,8 +90,6 @@ def test_all_time_is_served_as_all_and_other_windows_are_refused(tmp_path):
         assert "window '1h' is not scored" in err and "set RELYSCOPE_INCREMENTAL_SCORING=true" in err, err
         cli = _cli_report(sc, "--window", "all")
         assert cli.returncode == 0, cli.stderr
-        import json
-
         assert _success(json.loads(cli.stdout)) == (0.25, 4)
     finally:
         sc.kill()
