@@ -92,9 +92,15 @@ class ScoreStage:
             if name not in [n for n, _ in windows]:
                 windows.append((name, float(settings.score_window_s)))
             self.primary_window = name
+        elif not settings.incremental_scoring:  # the batch scorer scores every stored trial
+            self.primary_window = "all"
         else:
             self.primary_window = "all" if "all" in [n for n, _ in windows] else windows[-1][0]
         self.windows: list[tuple[str, float | None]] = windows
+        #: the windows whose scores are computed: every window of ``windows`` when incremental;
+        #: the batch scorer (``incremental_scoring`` false) scores the primary one only
+        self.computed_windows: list[str] = [n for n, _ in windows] if settings.incremental_scoring \
+            else [self.primary_window]
         #: window name → group → score (offline groups: their all-time score in every window)
         self.window_scores: dict[str, dict[GroupKey, GroupScore]] = {}
         self._rollup: Rollup | None = None
