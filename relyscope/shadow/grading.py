@@ -107,12 +107,20 @@ def expected_agreement(records: Sequence[ReplayRecord],
       to agree with probability 0 (the most conservative value). Assumes replayed runs are not
       chosen by their outcome (the sampler hashes trial ids).
 
-    ``variance`` = max(Σ_t D_t², Σ q(1 − q)) with D_t = Σ over task t's replays of (agreed − q):
-    the tasks' deviations are independent with mean 0 under a faithful sandbox, so Σ D_t² is an
-    unbiased (task-clustered, sandwich) estimate of Var(agreeing − expected) that includes the
-    noise of p̂ and of several replays sharing one production run; Σ q(1 − q) is the replays'
-    Bernoulli noise alone, a floor when few tasks make the clustered sum noisy. Sources: the
-    leave-one-out / U-statistic argument of Chen et al. (2021) for pass@k (metrics.md §2);
+    Shrinking the leave-one-out p̂ toward the pooled rate (a beta-binomial empirical-Bayes
+    posterior mean, prior fitted by moments) was measured and not used: it lowered ``expected``
+    (conservatively) without lowering the noise of ``agreeing − expected``, which the replays'
+    own Bernoulli noise dominates.
+
+    ``variance`` = max(V, Σ q(1 − q)). V = G/(G − 1)·Σ_t u_t² over the G tasks, u_t = A_t − R̂·E_t
+    (task t's agreeing and expected counts, R̂ = agreeing / expected) minus R̂ times task t's pull
+    on the pooled rate (delta method: one pooled rate moves every conservative q at once): the
+    task-clustered linearisation (sandwich) variance of the ratio agreeing / expected, covering
+    the replays' noise, the noise of the p̂ and replays that share a production run; residuals
+    about R̂, not 1, so that a broken sandbox's shortfall does not inflate its own variance.
+    Σ q(1 − q), the replays' Bernoulli noise alone, is a floor when few tasks make V noisy.
+    Sources: the leave-one-out / U-statistic argument behind unbiased pass@k (Chen et al. 2021,
+    metrics.md §2); ratio-estimator variance, Cochran, *Sampling Techniques* (1977) §6.3;
     cluster-robust variance, Liang & Zeger, Biometrika 73 (1986). Pure; O(records + runs)."""
     totals = {g: (len(v), sum(v.values())) for g, v in production_runs.items()}
 
