@@ -109,7 +109,8 @@ class Settings(BaseSettings):
     traj_sample: int = Field(50, ge=2, description="C_traj_d / C_traj_s of a task in a window use its most "
                              "recent N successful runs (bounds the cost of trajectory metrics)")
     incremental_scoring: bool = Field(True, description="score from the per-task rollups in ClickHouse "
-                                      "(cost follows the traffic); false: reload every trial each cycle")
+                                      "(cost follows the traffic); false: reload every trial each cycle and score one "
+                                      "window only, score_window_s or else all (other windows: 422)")
     max_k: int = Field(20, ge=1, description="largest k of pass@k / pass^k reported (bounds gauges and "
                        "cost when a fingerprinted task repeats thousands of times)")
     n_boot: int = Field(2000, ge=0, description="bootstrap resamples for CIs (0 disables)")

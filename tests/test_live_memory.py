@@ -63,12 +63,15 @@ def check(store: Store, lives: list[LiveStats], now: float) -> None:
             pooled = full.window(g, name).pooled
             nb = 0 if pooled else N_BOOT
             batch, _ = score_reviewed(trials, POLICY, n_boot=nb, seed=0, max_k=5)
-            inc = score_stats(full.stats(g, name), n_boot=nb, seed=0, max_k=5,
-                              safety_measured=policy_for(POLICY, g[0]) is not None)
-            try:
-                assert_same(batch, inc)
-            except AssertionError as e:
-                raise AssertionError(f"group {g} window {name}: {e}") from e
+            # with the sample's action lists, and as the stage scores point estimates: without
+            # them, from the per-task values kept in memory (recomputed for changed tasks only)
+            for lists in (True, False):
+                inc = score_stats(full.stats(g, name, trajectories=lists), n_boot=nb, seed=0, max_k=5,
+                                  safety_measured=policy_for(POLICY, g[0]) is not None)
+                try:
+                    assert_same(batch, inc)
+                except AssertionError as e:
+                    raise AssertionError(f"group {g} window {name} (lists {lists}): {e}") from e
 
 
 def sync(rollup: Rollup, lives: list[LiveStats]) -> None:

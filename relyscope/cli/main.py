@@ -204,6 +204,12 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
         return None
     if r.status_code == 401:
         _token_error(api, token)
+    detail = (_json_or_none(r) or {}).get("detail") if r.status_code == 422 else None
+    if window and isinstance(detail, str):  # a window the sidecar does not score: its reason, whole
+        from rich.markup import escape
+
+        err.print(f"[red]--window {escape(window)}:[/red] {escape(detail)}")
+        raise typer.Exit(2)
     if r.status_code != 200:
         err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
         raise typer.Exit(1)
@@ -360,12 +366,16 @@ def score(
     n_boot: int = typer.Option(2000, min=0, help="bootstrap resamples (0: no CIs)"),
     policy: Optional[Path] = typer.Option(None, "--policy", exists=True, help="safety policy YAML"),
 ) -> None:
-    """Score OTLP/JSON files offline: temporary embedded store, every trial finalized at end of input."""
+    """Score OTLP/JSON files offline: temporary embedded store, every trial finalized at end of input.
+    Decoded as the sidecar decodes: RELYSCOPE_INGEST_DECODER (fast, the default, or legacy)."""
+    from relyscope.collector import fastpath
     from relyscope.collector.normalize import normalize
     from relyscope.collector.otlp import OTLPRequestError, decode_json
     from relyscope.store import Store
     from relyscope.trajectory import TrajectoryBuilder
 
+    # the sidecar's selection (relyscope.pipeline): the hot path, or the oracle it is tested against
+    fast = _settings().ingest_decoder == "fast"
     tmp = tempfile.mkdtemp(prefix="relyscope-score-")
     builder = TrajectoryBuilder(grace_s=0, root_timeout_s=1e12)
     rejected = 0
@@ -392,8 +402,13 @@ def score(
                     err.print(f"[red]{where}: {e.message}[/red]")
                     raise typer.Exit(1) from None
                 rejected += res.rejected
-                st.insert_spans(res.spans)
-                builder.add(((s, normalize(s)) for s in res.spans), 0.0)
+                if fast:  # normalized and laid out as insert columns (no redaction: offline files)
+                    fastpath.prepare(res)
+                    st.insert_span_columns(res.columns)
+                    builder.add(zip(res.spans, res.semantics), 0.0)
+                else:
+                    st.insert_spans(res.spans)
+                    builder.add(((s, normalize(s)) for s in res.spans), 0.0)
                 prog.advance(task)
         from relyscope.scorers.outcomes import apply_outcomes
 

@@ -6,7 +6,7 @@
 | ``GET /healthz`` | summary: ok / degraded / the readiness reason; store, spool, queue, quarantine figures |
 | ``GET /livez`` | liveness: 503 only when a restart is needed |
 | ``GET /readyz`` | readiness: 503 while new data would be refused (spool or disk full, starting, stopping) |
-| ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=`` |
+| ``GET /api/v1/report`` | the reliability report JSON (metrics.md §11); ``?agent=&version=&run_kind=&window=`` (a window the sidecar scores, else 422: :func:`window_refusal`) |
 | ``GET /api/v1/trials`` | finalized trials with their steps (``?agent=&version=&run_kind=&trace_id=&task_id=``), cursor-paged (``limit``, ``cursor``) |
 | ``GET /api/v1/sessions`` | trials grouped by conversation id (sessions spanning several traces), cursor-paged |
 | ``GET /api/v1/history`` | one metric over time per group (``?metric=pass^1&agent=…``) |
@@ -46,7 +46,7 @@ from relyscope.store import StoreUnavailable
 if TYPE_CHECKING:
     from relyscope.pipeline import Pipeline
 
-__all__ = ["create_api_app", "OutcomeIn", "MAX_API_BODY_BYTES", "TRACE_ID_PATTERN", "outcome_effect"]
+__all__ = ["create_api_app", "OutcomeIn", "MAX_API_BODY_BYTES", "TRACE_ID_PATTERN", "outcome_effect", "window_refusal"]
 
 MAX_API_BODY_BYTES = 1 << 20  # the API takes small JSON bodies only
 
@@ -210,9 +210,9 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         # window: one of the sidecar's scoring windows (RELYSCOPE_SCORE_WINDOWS); default the primary
         scoring = pipeline.scoring
         name = window or scoring.primary_window
-        names = [n for n, _ in scoring.windows]
-        if name not in names:
-            raise HTTPException(422, f"unknown window {name!r}; this sidecar scores {', '.join(names)}")
+        refused = window_refusal(pipeline.settings, scoring, name)
+        if refused:
+            raise HTTPException(422, refused)
         source = scoring.window_scores.get(name, {}) if scoring.window_scores else pipeline.scores
         scores = {g: s for g, s in source.items()
                   if (agent is None or g[0] == agent) and (version is None or g[1] == version)
@@ -339,6 +339,29 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         return {"status": "flushed", "groups": len(pipeline.scores)}
 
     return app
+
+
+def window_refusal(settings, scoring, name: str) -> str | None:
+    """Why ``GET /api/v1/report?window=name`` cannot be answered (the 422 detail), or None.
+
+    ``scoring``: the :class:`relyscope.scoring.stage.ScoreStage` (``windows``, ``computed_windows``,
+    ``primary_window``). With ``incremental_scoring`` off the batch scorer reloads the trials each
+    cycle and scores one window only (every stored trial, or the last ``score_window_s`` seconds):
+    any other window is refused, naming the settings to change, rather than answered with that
+    window's numbers."""
+    computed = list(scoring.computed_windows)
+    if name in computed:
+        return None
+    configured = [n for n, _ in scoring.windows]
+    if settings.incremental_scoring or name not in configured + ["all"]:
+        return f"unknown window {name!r}; this sidecar scores {', '.join(computed)}"
+    only = scoring.primary_window
+    what = ("every stored trial" if settings.score_window_s is None else
+            f"the trials that ended in the last {settings.score_window_s:g} s, RELYSCOPE_SCORE_WINDOW_S")
+    return (f"window {name!r} is not scored by this sidecar: with RELYSCOPE_INCREMENTAL_SCORING=false it "
+            f"reloads the trials each cycle and scores only {only!r} ({what}). Ask for window={only}, or "
+            "set RELYSCOPE_INCREMENTAL_SCORING=true (the default) to score every window of "
+            f"RELYSCOPE_SCORE_WINDOWS ({', '.join(configured)})")
 
 
 def trial_to_dict(t) -> dict:

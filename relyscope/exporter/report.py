@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+from relyscope.scorers.review import pass_hat_k_notes
 from relyscope.semconv import FORMULA_SET
 
 __all__ = ["build_report", "METRIC_ORDER", "undefined_metric_notes"]
@@ -39,7 +40,8 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
     invalid_trials, incomplete_trials, metrics: {key: {value, ci, n_tasks}}, sections_scope}]}``;
     ``value`` is null where undefined, ``ci`` the 95 % task-clustered bootstrap interval or null.
     ``extras`` maps a group key to more keys merged into that group (violations, attribution,
-    worst tasks, outcome counts, notes). ``window``: the scoring window the metrics cover (None:
+    worst tasks, outcome counts, notes; the notes of :func:`relyscope.scorers.review.pass_hat_k_notes`
+    and :func:`undefined_metric_notes` are added here, from the metrics shown). ``window``: the scoring window the metrics cover (None:
     all time); offline imports are scored over all time in every window, so theirs says ``all``.
     ``sections_scope`` (what the non-metric sections cover) defaults to the group's window: the
     extras are taken to be built from the same trials unless they say otherwise."""
@@ -59,7 +61,8 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
         if extras and (agent, version, run_kind) in extras:
             g.update(extras[(agent, version, run_kind)])
         g.setdefault("sections_scope", "all time" if win == "all" else f"window {win}")
-        extra_notes = undefined_metric_notes(g)
+        # from the metrics shown (this window's), so every report has them: batch, live, offline
+        extra_notes = pass_hat_k_notes(gs.metrics) + undefined_metric_notes(g)
         if extra_notes:
             g["notes"] = list(g.get("notes") or []) + extra_notes
         g.pop("confidence_values", None)

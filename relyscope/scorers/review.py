@@ -242,7 +242,7 @@ def score_reviewed(trials: Sequence[Trial], policy: Policy | None = None, *, n_b
     rv = review_group(trials, pol)
     gs = score_group(trials, severities=rv.severities if pol is not None else None,
                      invalid=rv.invalid, n_boot=n_boot, seed=seed, max_k=max_k)
-    rv.extras["notes"] = rv.extras.get("notes", []) + pass_hat_k_notes(gs.metrics)
+    # the pass^k-rises note is added by relyscope.exporter.report.build_report, for every report
     return gs, rv
 
 

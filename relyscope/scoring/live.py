@@ -82,6 +82,15 @@ class WindowState:
     hist: dict = field(default_factory=dict)  # (task, q) → [pos, neg], or q → [pos, neg] if pooled
     max_end_ns: int = 0
     version: int = 0  # bumped on every change (the stage rescores a window whose version moved)
+    #: per-task values of :func:`relyscope.scoring.stats.per_task_values` (rows as ``ints``) and
+    #: which rows hold them for the current sums (``add`` clears a row's flag); None until first read
+    pt: np.ndarray | None = None
+    pt_ok: np.ndarray | None = None
+    #: per row: runs of the task's trajectory sample in this window, its C_traj_d, C_traj_s
+    #: (``tj``), and which rows hold them for the current sample and window start (``tj_ok``;
+    #: cleared by the sample's changes and by the window sliding)
+    tj: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    tj_ok: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def _rows_for(self, tasks: list[str]) -> np.ndarray:
         out = np.empty(len(tasks), np.int64)
@@ -101,6 +110,11 @@ class WindowState:
                 self.flts = np.concatenate([self.flts, np.zeros((cap - self.flts.shape[0], len(_FLT)), np.float64)])
                 grow = np.zeros((cap - self.bigs.shape[0], len(_BIG)), object)
                 self.bigs = np.concatenate([self.bigs, grow]) if self.bigs.size else grow
+                if self.pt is not None:
+                    self.pt = np.concatenate([self.pt, np.empty((cap - self.pt.shape[0], self.pt.shape[1]))])
+                    self.pt_ok = np.concatenate([self.pt_ok, np.zeros(cap - self.pt_ok.shape[0], bool)])
+                self.tj = np.concatenate([self.tj, np.zeros((cap - self.tj.shape[0], 3))])
+                self.tj_ok = np.concatenate([self.tj_ok, np.zeros(cap - self.tj_ok.shape[0], bool)])
         return out
 
     def add(self, tasks: list[str], sums: np.ndarray, sign: int = 1) -> None:
@@ -114,6 +128,8 @@ class WindowState:
             ints, flts = -ints, -flts
         np.add.at(self.ints, rows, ints)
         np.add.at(self.flts, rows, flts)
+        if self.pt_ok is not None:
+            self.pt_ok[rows] = False
         big = sums[:, _BIG]
         for i, r in enumerate(rows):
             for j in range(len(_BIG)):
@@ -132,6 +148,12 @@ class WindowState:
         if not h[0] and not h[1]:
             del self.hist[key]
 
+    def traj_changed(self, task: str) -> None:
+        """The task's trajectory sample changed: its C_traj values here are recomputed on read."""
+        r = self.ids.get(task)
+        if r is not None:
+            self.tj_ok[r] = False
+
     def live_rows(self) -> tuple[list[str], np.ndarray]:
         """Task ids (sorted) with a trial (n_all != 0) and their row numbers."""
         n = len(self.tasks)
@@ -146,6 +168,9 @@ class WindowState:
         if len(ids) * 2 >= len(self.tasks):
             return
         self.ints, self.flts, self.bigs = self.ints[rows].copy(), self.flts[rows].copy(), self.bigs[rows].copy()
+        if self.pt is not None:
+            self.pt, self.pt_ok = self.pt[rows].copy(), self.pt_ok[rows].copy()
+        self.tj, self.tj_ok = self.tj[rows].copy(), self.tj_ok[rows].copy()
         self.tasks = ids
         self.ids = {t: i for i, t in enumerate(ids)}
         if not self.pooled:
@@ -159,18 +184,15 @@ class LiveStats:
     windows at minute buckets (up to 6 h) keep a per-task histogram (they are bootstrapped from
     memory), longer ones a pooled one. ``traj_sample``: M of the rollup."""
 
-    def __init__(self, rollup: Rollup, windows: list[tuple[str, float | None]]):
+    def __init__(self, rollup: Rollup, windows: list[tuple[str, float | None]], *, max_k: int = 20):
         self.rollup = rollup
         self.windows = list(windows)
         self.m = rollup.traj_sample
+        self.max_k = max_k
         self._win: dict[GroupKey, dict[str, WindowState]] = {}
         #: group → task → [(end_ns, trial_id, actions)] sorted most recent first (ties: trial id)
         self._traj: dict[GroupKey, dict[str, list[tuple[int, str, tuple[str, ...]]]]] = {}
         self._refill: dict[GroupKey, set[str]] = {}
-        #: group → task → version of its trajectory list (bumped on every change to it)
-        self._tver: dict[GroupKey, dict[str, int]] = {}
-        #: (group, window) → task → (list version, runs in the window, C_traj_d, C_traj_s)
-        self._ctraj: dict[tuple[GroupKey, str], dict[str, tuple[int, int, float, float]]] = {}
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         #: consistency checks that found the memory different from ClickHouse (logged, replaced)
         self.mismatches = 0
@@ -188,21 +210,15 @@ class LiveStats:
             self._win.clear()
             self._traj.clear()
             self._refill.clear()
-            self._tver.clear()
-            self._ctraj.clear()
         else:
             self._win.pop(group, None)
             self._traj.pop(group, None)
             self._refill.pop(group, None)
-            self._tver.pop(group, None)
-            for k in [k for k in self._ctraj if k[0] == group]:
-                del self._ctraj[k]
 
     def _set_traj(self, group: GroupKey, traj: dict[str, list]) -> None:
         self._traj[group] = traj
-        tv = self._tver.setdefault(group, {})
-        for t in set(tv) | set(traj):
-            tv[t] = tv.get(t, 0) + 1
+        for ws in self._win.get(group, {}).values():
+            ws.tj_ok[:] = False
 
     def _windows_of(self, group: GroupKey) -> list[tuple[str, float | None]]:
         return [("all", None)] if group[2] == "offline" else self.windows
@@ -266,12 +282,13 @@ class LiveStats:
                         y, sign = r[_R_Y], r[_R_SIGN]
                         ws.add_hist(r[_R_TASK], float(r[_R_Q]), sign if y == 1 else 0, sign if y == 0 else 0)
                     ws.max_end_ns = max(ws.max_end_ns, int(r[_R_END]))
-            traj, tv = self._traj[g], self._tver.setdefault(g, {})
+            traj = self._traj[g]
             for r in rs:
                 if not r[_R_TRAJ]:
                     continue
                 task, entry = r[_R_TASK], (int(r[_R_END]), r[_R_TID], self._intern(tuple(r[_R_ACT])))
-                tv[task] = tv.get(task, 0) + 1
+                for ws in wins.values():
+                    ws.traj_changed(task)
                 runs = traj.setdefault(task, [])
                 if r[_R_SIGN] < 0:
                     for i, e in enumerate(runs):
@@ -289,10 +306,10 @@ class LiveStats:
         for g, tasks in list(self._refill.items()):
             if g in self._traj and tasks:
                 fresh = self._read_traj(g, sorted(tasks))
-                tv = self._tver.setdefault(g, {})
                 for t in tasks:
                     self._traj[g][t] = fresh.get(t, [])
-                    tv[t] = tv.get(t, 0) + 1
+                    for ws in self._win.get(g, {}).values():
+                        ws.traj_changed(t)
             self._refill.pop(g, None)
         return touched
 
@@ -329,6 +346,7 @@ class LiveStats:
                         ws.add_hist(gone.task_ids[t], q, -p, -n)
                 ws.since = since
                 ws.version += 1
+                ws.tj_ok[:] = False  # fewer of each task's runs may fall in the window now
                 if ws.max_end_ns < since * 10**9:
                     ws.max_end_ns = 0
                 ws.compact()
@@ -338,52 +356,84 @@ class LiveStats:
     def window(self, group: GroupKey, name: str) -> WindowState:
         return self._win[group][name]
 
-    def stats(self, group: GroupKey, name: str) -> TaskStats:
+    def stats(self, group: GroupKey, name: str, *, trajectories: bool = True) -> TaskStats:
         """The window's statistics as :meth:`Rollup.window_stats` returns them (same task order,
         sums as Python ints / floats, trajectories most recent first). A long window's histogram
         is pooled: ``hist`` is empty and ``pooled_hist`` holds (q, successes, failures) — enough
-        for point estimates (:func:`relyscope.scoring.stats.score_stats` with ``n_boot=0``)."""
+        for point estimates (:func:`relyscope.scoring.stats.score_stats` with ``n_boot=0``).
+
+        Carries the per-task values the metrics need beyond the sums, kept per task and
+        recomputed only for the tasks whose sums (or trajectory sample) changed since the last
+        read: ``traj_values`` / ``traj_sizes`` (C_traj_d, C_traj_s) and ``per_task``
+        (:func:`relyscope.scoring.stats.per_task_values` at ``max_k``). ``trajectories`` False
+        leaves the sample's action lists out (``trajectories`` empty; what scoring reads of
+        them is in ``traj_values`` / ``traj_sizes``): cost O(tasks) array copies plus the changed
+        tasks' work, not O(tasks × M)."""
+        from relyscope.scoring.stats import per_task_values
+
         ws = self._win[group][name]
         ids, rows = ws.live_rows()
-        sums = np.empty((len(ids), _NCOL), dtype=object)
-        if ids:
+        if trajectories:
+            sums = self._sums(ws, rows)
+        else:  # the Int128 sums only (the others are read from fsums)
+            sums = np.empty((len(rows), _NCOL), dtype=object)
+            if len(rows):
+                sums[:, _BIG] = ws.bigs[rows]
+        fsums = np.full((len(rows), _NCOL), np.nan)
+        if len(rows):
+            fsums[:, _INT] = ws.ints[rows]
+            fsums[:, _FLT] = ws.flts[rows]
+        idx = {t: i for i, t in enumerate(ids)}
+        # per-task values for the rows whose sums changed since they were computed
+        width = 2 * self.max_k + 3
+        if ws.pt is None or ws.pt.shape[1] != width:
+            ws.pt, ws.pt_ok = np.empty((ws.ints.shape[0], width)), np.zeros(ws.ints.shape[0], bool)
+        stale = rows[~ws.pt_ok[rows]] if len(rows) else rows
+        if stale.size:
+            ws.pt[stale] = per_task_values(TaskStats([ws.tasks[i] for i in stale], self._sums(ws, stale)), self.max_k)
+            ws.pt_ok[stale] = True
+        per_task = ws.pt[rows] if len(rows) else np.empty((0, width))
+        since_ns = ws.since * 10**9
+        traj = self._traj.get(group, {})
+        # per-task sample sizes, C_traj_d, C_traj_s: recomputed only for tasks whose sample changed
+        stale_t = rows[~ws.tj_ok[rows]] if len(rows) else rows
+        if stale_t.size:
+            from relyscope.scorers import metrics as M
+
+            runs = []
+            for r in stale_t.tolist():
+                sample = traj.get(ws.tasks[r], ())
+                m = 0
+                for e in sample:  # most recent first: the runs in the window are a prefix
+                    if e[0] < since_ns:
+                        break
+                    m += 1
+                runs.append([e[2] for e in sample[:m]])
+            enc = M.encode_trajectories(runs)
+            ws.tj[stale_t, 0] = [len(x) for x in runs]
+            ws.tj[stale_t, 1] = M.c_traj_d_per_task(enc)
+            ws.tj[stale_t, 2] = M.c_traj_s_per_task(enc)
+            ws.tj_ok[stale_t] = True
+        tj = ws.tj[rows] if len(rows) else np.zeros((0, 3))
+        d, sv, sizes = tj[:, 1].copy(), tj[:, 2].copy(), tj[:, 0].astype(np.int64)
+        lists = ([[e[2] for e in traj.get(t, ())[: sizes[i]]] for i, t in enumerate(ids)]
+                 if trajectories else [])
+        extra = dict(max_end_ns=ws.max_end_ns, traj_values=(d, sv), traj_sizes=sizes, per_task=per_task,
+                     per_task_k=self.max_k, fsums=fsums)
+        if ws.pooled:
+            pooled = sorted((q, p, n) for q, (p, n) in ws.hist.items() if p or n)
+            return TaskStats(ids, sums, [], lists, pooled_hist=pooled, **extra)
+        hist = sorted((idx[t], q, p, n) for (t, q), (p, n) in ws.hist.items() if t in idx and (p or n))
+        return TaskStats(ids, sums, hist, lists, **extra)
+
+    @staticmethod
+    def _sums(ws: WindowState, rows: np.ndarray) -> np.ndarray:
+        sums = np.empty((len(rows), _NCOL), dtype=object)
+        if len(rows):
             sums[:, _INT] = ws.ints[rows].astype(object)
             sums[:, _FLT] = ws.flts[rows].astype(object)
             sums[:, _BIG] = ws.bigs[rows]
-        idx = {t: i for i, t in enumerate(ids)}
-        since_ns = ws.since * 10**9
-        traj = self._traj.get(group, {})
-        trajectories = [[a for e, _, a in traj.get(t, ()) if e >= since_ns] for t in ids]
-        # per-task C_traj_d / C_traj_s, recomputed only for tasks whose sample changed
-        tv = self._tver.get(group, {})
-        cache = self._ctraj.setdefault((group, name), {})
-        d = np.empty(len(ids))
-        sv = np.empty(len(ids))
-        miss = []
-        for i, t in enumerate(ids):
-            c = cache.get(t)
-            if c is not None and c[0] == tv.get(t, 0) and c[1] == len(trajectories[i]):
-                d[i], sv[i] = c[2], c[3]
-            else:
-                miss.append(i)
-        if miss:
-            from relyscope.scorers import metrics as M
-
-            enc = M.encode_trajectories([trajectories[i] for i in miss])
-            md, ms = M.c_traj_d_per_task(enc), M.c_traj_s_per_task(enc)
-            for j, i in enumerate(miss):
-                d[i], sv[i] = md[j], ms[j]
-                cache[ids[i]] = (tv.get(ids[i], 0), len(trajectories[i]), float(md[j]), float(ms[j]))
-        if len(cache) > 2 * len(ids) + 64:
-            live = set(ids)
-            for t in [t for t in cache if t not in live]:
-                del cache[t]
-        if ws.pooled:
-            pooled = sorted((q, p, n) for q, (p, n) in ws.hist.items() if p or n)
-            return TaskStats(ids, sums, [], trajectories, max_end_ns=ws.max_end_ns, pooled_hist=pooled,
-                             traj_values=(d, sv))
-        hist = sorted((idx[t], q, p, n) for (t, q), (p, n) in ws.hist.items() if t in idx and (p or n))
-        return TaskStats(ids, sums, hist, trajectories, max_end_ns=ws.max_end_ns, traj_values=(d, sv))
+        return sums
 
     def check(self, group: GroupKey, name: str, now_s: float, *, fresh: TaskStats | None = None) -> bool:
         """Compare one window (and the group's trajectory sample as that window sees it) with

@@ -92,9 +92,15 @@ class ScoreStage:
             if name not in [n for n, _ in windows]:
                 windows.append((name, float(settings.score_window_s)))
             self.primary_window = name
+        elif not settings.incremental_scoring:  # the batch scorer scores every stored trial
+            self.primary_window = "all"
         else:
             self.primary_window = "all" if "all" in [n for n, _ in windows] else windows[-1][0]
         self.windows: list[tuple[str, float | None]] = windows
+        #: the windows whose scores are computed: every window of ``windows`` when incremental;
+        #: the batch scorer (``incremental_scoring`` false) scores the primary one only
+        self.computed_windows: list[str] = [n for n, _ in windows] if settings.incremental_scoring \
+            else [self.primary_window]
         #: window name → group → score (offline groups: their all-time score in every window)
         self.window_scores: dict[str, dict[GroupKey, GroupScore]] = {}
         self._rollup: Rollup | None = None
@@ -261,7 +267,7 @@ class ScoreStage:
     def live(self) -> LiveStats:
         """The in-memory window statistics (created with the rollups)."""
         if self._live is None:
-            self._live = LiveStats(self.rollup(), [w for w in self.windows])
+            self._live = LiveStats(self.rollup(), [w for w in self.windows], max_k=self.settings.max_k)
             self._live_gen = self.rollup().generation
         return self._live
 
@@ -427,7 +433,7 @@ class ScoreStage:
                     live.check(g, name, now, fresh=st)
                     self._checked_at[key] = now
             else:
-                st = live.stats(g, name)
+                st = live.stats(g, name, trajectories=full)  # a CI from memory digests the sample
             if full or members is not None:
                 gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
                 self._ci_at[key] = now

@@ -67,6 +67,7 @@ SUM_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("saf_v", "Int64"), ("saf_s", "Float64"),
 )
 _COL_INDEX: Final = {name: i for i, (name, _) in enumerate(SUM_COLUMNS)}
+_BIG_COLS: Final = frozenset(i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int128")
 
 
 def _resource_ints(t: Trial) -> list[int | None]:
@@ -166,9 +167,25 @@ class TaskStats:
     #: ``trajectories``, as :func:`relyscope.scorers.metrics.c_traj_d_per_task` /
     #: ``c_traj_s_per_task`` give them: a caller that caches them skips recomputing
     traj_values: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
+    #: optional number of runs in ``trajectories[i]`` per task (aligned with ``task_ids``), given
+    #: with ``traj_values`` by a caller that leaves ``trajectories`` empty (the live scorer's
+    #: point estimates: the sizes are all the metrics read of the sample once C_traj is known)
+    traj_sizes: NDArray[np.int64] | None = None
+    #: optional per-task values of :func:`per_task_values` (rows aligned with ``task_ids``) at
+    #: ``per_task_k``: a caller that caches them per task (recomputing only the tasks whose sums
+    #: changed) skips recomputing them for every task of the window
+    per_task: NDArray[np.float64] | None = None
+    per_task_k: int = 0
+    #: optional float64 copy of ``sums`` (same shape; Int128 columns NaN: not representable) that
+    #: :meth:`col` reads the Int64 / Float64 columns from (Int64 sums below 2⁵³ are exact in it);
+    #: with it, ``sums`` need only hold the Int128 columns (the others may be None)
+    fsums: NDArray[np.float64] | None = None
 
     def col(self, name: str) -> NDArray[Any]:
-        return self.sums[:, _COL_INDEX[name]] if self.sums.size else np.zeros(0, dtype=object)
+        i = _COL_INDEX[name]
+        if self.fsums is not None and i not in _BIG_COLS:
+            return self.fsums[:, i]
+        return self.sums[:, i] if self.sums.size else np.zeros(0, dtype=object)
 
 
 def stats_from_contributions(rows: Sequence[tuple[str, Contribution]]) -> TaskStats:
@@ -198,6 +215,61 @@ def stats_from_contributions(rows: Sequence[tuple[str, Contribution]]) -> TaskSt
 
 def _f(a: NDArray[Any]) -> NDArray[np.float64]:
     return np.asarray(a, dtype=np.float64)
+
+
+#: (c, n, max_k) → pass@1..max_k, pass^1..max_k of one task (they depend on (c, n) alone)
+_PASS_MEMO: dict[tuple[int, int, int], NDArray[np.float64]] = {}
+_PASS_MEMO_MAX: Final = 200_000
+
+
+def _pass_rows(c: NDArray[np.int64], n: NDArray[np.int64], max_k: int) -> NDArray[np.float64]:
+    """``(len(c), 2·max_k)``: pass@k then pass^k per task for k = 1..max_k, by the kernels of
+    :mod:`relyscope.scorers.metrics` evaluated once per distinct (c, n) pair and remembered."""
+    out = np.empty((c.size, 2 * max_k))
+    if not c.size:
+        return out
+    M._counts(c, n)  # the kernels' checks (0 ≤ c ≤ n), before anything is remembered
+    keys = list(zip(c.tolist(), n.tolist()))
+    # a local table (another thread may clear the shared memo meanwhile)
+    rows = {key: _PASS_MEMO.get((key[0], key[1], max_k)) for key in set(keys)}
+    miss = sorted(key for key, v in rows.items() if v is None)
+    if miss:
+        if len(_PASS_MEMO) + len(miss) > _PASS_MEMO_MAX:
+            _PASS_MEMO.clear()
+        cm = np.array([a for a, _ in miss], dtype=np.int64)
+        nm = np.array([b for _, b in miss], dtype=np.int64)
+        tab = np.empty((len(miss), 2 * max_k))
+        for k in range(1, max_k + 1):
+            tab[:, k - 1] = M.pass_at_k_per_task(cm, nm, k)
+            tab[:, max_k + k - 1] = M.pass_hat_k_per_task(cm, nm, k)
+        for i, (a, b) in enumerate(miss):
+            rows[(a, b)] = _PASS_MEMO[(a, b, max_k)] = tab[i]
+    for i, key in enumerate(keys):
+        out[i] = rows[key]
+    return out
+
+
+def per_task_values(st: TaskStats, max_k: int) -> NDArray[np.float64]:
+    """The per-task values of one window that depend on that task's own sums alone, so a caller
+    may keep them per task and recompute only the tasks whose sums changed:
+    ``(n_tasks, 2·max_k + 3)`` float64 — columns ``pass@1 … pass@max_k``, ``pass^1 … pass^max_k``
+    ([C21] §2.1, [Y24] §5; NaN where n_t < k), unanimity, C_out ((2p̂−1)², [R26] §3.1), C_res
+    (metrics.md §3; NaN where undefined), each exactly what :func:`score_stats` computes for the
+    task (the same elementwise kernels of :mod:`relyscope.scorers.metrics`). Raises ValueError
+    for ``max_k < 1``."""
+    if max_k < 1:
+        raise ValueError("max_k must be >= 1")
+    nt = len(st.task_ids)
+    out = np.empty((nt, 2 * max_k + 3))
+    if not nt:
+        return out
+    c = np.asarray(st.col("c"), dtype=np.int64)
+    n = np.asarray(st.col("n"), dtype=np.int64)
+    out[:, : 2 * max_k] = _pass_rows(c, n, max_k)
+    out[:, 2 * max_k] = M.unanimity_per_task(c, n)
+    out[:, 2 * max_k + 1] = M.c_out_per_task(c, n)
+    out[:, 2 * max_k + 2] = _c_res_per_task(st)
+    return out
 
 
 def _c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
@@ -244,7 +316,20 @@ class _Prepared:
     counts: tuple[int, int, int, int]  # tasks, trials, invalid, incomplete
 
 
-def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepared:
+class _NoColumns:
+    """:class:`relyscope.scorers.profile._Columns` for point estimates only: nothing is kept."""
+
+    def add(self, *arrays: Any) -> None:
+        return None
+
+    def mean(self, per_task: Any) -> None:
+        return None
+
+    def matrix(self) -> None:
+        return None
+
+
+def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_only: bool = False) -> _Prepared:
     nan = math.nan
     all_n = st.col("n_all").astype(np.int64) if st.sums.size else np.zeros(0, np.int64)
     inv_n = st.col("n_invalid").astype(np.int64) if st.sums.size else np.zeros(0, np.int64)
@@ -252,9 +337,12 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
     present = all_n > 0
     usable = np.flatnonzero(all_n - inv_n - inc_n > 0)  # tasks with a valid complete trial
     n_all_tasks = int(present.sum())
-    sub = TaskStats([st.task_ids[i] for i in usable], st.sums[usable] if st.sums.size else st.sums,
-                    [], [st.trajectories[i] if i < len(st.trajectories) else [] for i in usable])
-    remap = {int(old): new for new, old in enumerate(usable)}
+    ul = usable.tolist()
+    trajs = st.trajectories
+    nt = len(trajs)
+    sub = TaskStats([st.task_ids[i] for i in ul], st.sums[usable] if st.sums.size else st.sums, [],
+                    [trajs[i] if i < nt else [] for i in ul], fsums=None if st.fsums is None else st.fsums[usable])
+    remap = {old: new for new, old in enumerate(ul)}
     sub.hist = [(remap[t], q, p, ng) for t, q, p, ng in st.hist if t in remap]
     n_tasks = len(sub.task_ids)
 
@@ -269,22 +357,25 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
 
     from relyscope.scorers.profile import _Columns
 
-    cols = _Columns(n_tasks)
+    cols: Any = _NoColumns() if points_only else _Columns(n_tasks)
     results: dict[str, M.MetricResult] = {}
     stats: dict[str, Any] = {}
     results["success_rate"] = M.success_rate(c, n)
     stats["success_rate"] = ("ratio", cols.add(c, n))
+    if st.per_task is not None and st.per_task_k >= K:  # kept per task by the caller
+        pt, pk = np.asarray(st.per_task, dtype=np.float64)[usable], st.per_task_k
+    else:
+        pt, pk = per_task_values(sub, K), K
     for k in range(1, K + 1):
-        for key, fn in ((f"pass@{k}", M.pass_at_k_per_task), (f"pass^{k}", M.pass_hat_k_per_task)):
-            per = fn(c, n, k)
+        for key, per in ((f"pass@{k}", pt[:, k - 1]), (f"pass^{k}", pt[:, pk + k - 1])):
             results[key] = M.mean_over_tasks(per, n)
             stats[key] = ("mean", cols.mean(per))
-    for key, fn in (("unanimity", M.unanimity_per_task), ("C_out", M.c_out_per_task)):
-        per = fn(c, n)
+    for key, per in (("unanimity", pt[:, 2 * pk]), ("C_out", pt[:, 2 * pk + 1])):
         results[key] = M.mean_over_tasks(per, n)
         stats[key] = ("mean", cols.mean(per))
     if st.traj_values is not None:  # per-task values computed (and cached) by the caller
-        sizes = np.array([len(x) for x in sub.trajectories], dtype=np.int64)
+        sizes = (np.asarray(st.traj_sizes, dtype=np.int64)[usable] if st.traj_sizes is not None
+                 else np.array([len(x) for x in sub.trajectories], dtype=np.int64))
         m_succ = np.where(sizes >= 2, sizes, 0)
         pers = [np.asarray(v, dtype=np.float64)[usable] for v in st.traj_values]
     else:
@@ -296,7 +387,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
         stats[key] = ("mean", cols.mean(per))
     results["C_traj"] = M.c_traj(results["C_traj_d"], results["C_traj_s"])
     stats["C_traj"] = ("nanmean", ("C_traj_d", "C_traj_s"))
-    per = _c_res_per_task(sub) if n_tasks else np.zeros(0)
+    per = pt[:, 2 * pk + 2]
     results["C_res"] = M.mean_over_tasks(per, col("n_nom", np.int64))
     stats["C_res"] = ("mean", cols.mean(per))
     results["R_Con"] = M.r_con(results["C_out"], results["C_traj"], results["C_res"])
@@ -335,6 +426,14 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None) -> _Prepar
         empty = sparse.csr_matrix((n_tasks, 1))
         return _finish(results, stats, cols, sub, col, auc, pred_tasks, n_pred, safety_measured, K,
                        [empty, empty], (n_all_tasks, int(all_n.sum()), int(inv_n.sum()), int(inc_n.sum())))
+    if points_only:  # the pooled histogram is all P_AUROC needs (same sums as the sparse path's)
+        hq = np.array([q for _, q, _, _ in sub.hist], dtype=np.float64)
+        uq_, inv = np.unique(hq, return_inverse=True)
+        pp = np.bincount(inv, weights=np.array([p for *_, p, _ in sub.hist], dtype=np.float64), minlength=uq_.size)
+        pn = np.bincount(inv, weights=np.array([g for *_, g in sub.hist], dtype=np.float64), minlength=uq_.size)
+        auc = float(M.auroc_from_histograms(pp, pn)) if n_pred and uq_.size else nan
+        return _finish(results, stats, cols, sub, col, auc, pred_tasks, n_pred, safety_measured, K,
+                       [None, None], (n_all_tasks, int(all_n.sum()), int(inv_n.sum()), int(inc_n.sum())))
     uq = sorted({q for _, q, _, _ in sub.hist})
     qpos = {q: i for i, q in enumerate(uq)}
     rows_t = np.array([t for t, _, _, _ in sub.hist], dtype=np.int64)
@@ -407,7 +506,7 @@ def score_stats(
         raise ValueError("max_k must be >= 1")
     if n_boot > 0 and st.pooled_hist is not None:
         raise ValueError("a pooled histogram supports point estimates only (n_boot=0)")
-    pr = _prepare(st, safety_measured, max_k)
+    pr = _prepare(st, safety_measured, max_k, points_only=n_boot == 0)
     keys, results = pr.keys, pr.results
     cis: dict[str, tuple[float, float] | None] = {k: None for k in keys}
     if n_boot > 0 and pr.task_ids:
