@@ -98,17 +98,18 @@ def main() -> None:
     body = variant(template(), 0)
     raw1 = upb_rate(body, SPANS, 2.0)
     names = ["legacy", "fast"] if args.decoder == "both" else [args.decoder]
-    if args.base:
-        names = ["legacy"]
+    if args.base:  # an older checkout: the decoder it is asked for (ignored by code before issue 13)
+        names = [args.decoder if args.decoder != "both" else "legacy"]
     rates: dict[str, tuple[float, float]] = {}
     root = Path(tempfile.mkdtemp(prefix="relyscope-bw-"))
     import pandas  # noqa: F401 - clickhouse-connect imports it on the first insert: not per-span cost
     try:
         for rep in range(1 if args.profile else args.reps):
             if args.compare_base:
+                # the base runs the default hot path (code before issue 13 has one path: same thing)
                 out = subprocess.run([sys.executable, __file__, "--base", args.compare_base, "--reps", "1",
-                                      "--requests", str(args.requests)], capture_output=True, text=True,
-                                     check=True).stdout
+                                      "--requests", str(args.requests), "--decoder", "fast"],
+                                     capture_output=True, text=True, check=True).stdout
                 line = next(x for x in out.splitlines() if x.startswith("worker stored"))
                 w, c = (float(x.replace(",", "")) for x in re.findall(r"([\d,]+) spans(?:/s| per)", line))
                 best = rates.get("base", (0.0, 0.0))
