@@ -12,9 +12,54 @@ Nothing downstream of the receiver sees protobuf or raw OTLP JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+# "use the default factory" marker of the generated __init__ (dataclasses' own, shown as <factory>)
+_FACTORY = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", object())
+
+
+def _fast_init(cls: type) -> type:
+    """Give a frozen, slotted dataclass an ``__init__`` ~3.5x cheaper than the generated one, with
+    the same signature (defaults, default factories, annotations) and the same result.
+
+    A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__`` (~90 ns a
+    field: ~4 us for the 44 of :class:`SpanSemantics`, paid once per span per stage). This one
+    turns the new object into a plain twin class with the very same ``__slots__`` (a layout
+    CPython lets ``__class__`` move between), stores the fields as ordinary slot writes, and turns
+    it back: the instance is then of ``cls`` in every respect (frozen, hashed, compared and
+    pickled by the dataclass's own methods). Classes with ``__post_init__``, ``InitVar``s,
+    ``init=False`` or keyword-only fields are returned unchanged."""
+    fields = dataclasses.fields(cls)
+    if (hasattr(cls, "__post_init__") or tuple(f.name for f in fields) != tuple(cls.__dict__.get("__slots__", ()))
+            or any(not f.init or f.kw_only for f in fields)):
+        return cls
+    twin = type(f"_{cls.__name__}Init", (), {"__slots__": cls.__slots__})
+    ns: dict[str, Any] = {"_osa": object.__setattr__, "_twin": twin, "_cls": cls, "_FACTORY": _FACTORY}
+    params, body = [], ["    _osa(self, '__class__', _twin)"]
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            ns[f"_d_{f.name}"] = f.default
+            params.append(f"{f.name}=_d_{f.name}")
+            body.append(f"    self.{f.name} = {f.name}")
+        elif f.default_factory is not dataclasses.MISSING:
+            ns[f"_f_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_FACTORY")
+            body.append(f"    self.{f.name} = _f_{f.name}() if {f.name} is _FACTORY else {f.name}")
+        else:
+            params.append(f.name)
+            body.append(f"    self.{f.name} = {f.name}")
+    body.append("    self.__class__ = _cls")
+    exec("def __init__(self, " + ", ".join(params) + "):\n" + "\n".join(body), ns)  # noqa: S102
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__annotations__ = dict(cls.__init__.__annotations__)
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init
+    return cls
 
 
 class SpanKind(enum.IntEnum):
@@ -50,6 +95,7 @@ class Op(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class SpanEvent:
     """An OTLP span event. ``time_ns``: Unix epoch nanoseconds."""
@@ -59,6 +105,7 @@ class SpanEvent:
     attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class CanonicalSpan:
     """One span as stored and assembled.
@@ -104,6 +151,7 @@ class CanonicalSpan:
         return (self.trace_id, self.span_id)
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """A ``gen_ai.evaluation.result`` event."""
@@ -114,6 +162,7 @@ class Evaluation:
     explanation: str | None = None
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class SpanSemantics:
     """The meaning of one span for scoring, independent of the convention it arrived in.
@@ -170,6 +219,7 @@ class SpanSemantics:
     requested_tools: tuple[tuple[str, str | None, Any], ...] = ()
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Step:
     """One step of a trajectory: a model call, tool call, handoff or decision, in start order.
@@ -203,6 +253,7 @@ class Step:
     fault_type: str | None = None  # relyscope.fault.type: the result was an injected fault
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Trial:
     """One attempt of one agent configuration at one task (metrics.md §1).
