@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from urllib.parse import urlparse
 
 import clickhouse_connect
+import orjson
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
@@ -256,6 +257,32 @@ def _step_to_dict(s: Step) -> dict:
     d["op"] = s.op.value
     d["flags"] = sorted(s.flags)
     return d
+
+
+def _steps_json(steps: Sequence[Step]) -> str:
+    """The ``trials.steps`` column: a JSON array of one object per step, its keys the
+    :class:`Step` fields in order (``op`` its value, ``flags`` sorted), as ``json.dumps`` of
+    :func:`_step_to_dict` gives, serialized by orjson (dataclasses natively: ~4x cheaper, it ran
+    for every stored trial). The text is compact and UTF-8 (same JSON values); a non-finite float
+    in a step's arguments/result is written ``null`` (valid JSON; ``json.dumps`` wrote the
+    non-standard ``NaN``). Whatever orjson refuses (an int beyond 64 bits, a lone surrogate, a
+    non-string key) goes through ``json.dumps`` as before."""
+    try:
+        return orjson.dumps(steps, default=_json_default).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps([_step_to_dict(s) for s in steps], default=_json_default, ensure_ascii=False)
+
+
+def _evaluations_json(evs: Sequence[Evaluation]) -> str:
+    """The ``trials.evaluations`` column: a JSON array of ``{name, score, label, explanation}``
+    (:func:`_evaluation_dict`), by orjson as :func:`_steps_json` (non-ASCII text as UTF-8, not
+    ``\\u`` escapes; a non-finite score as ``null``); ``json.dumps`` for what orjson refuses."""
+    if not evs:
+        return "[]"
+    try:
+        return orjson.dumps(evs).decode()
+    except TypeError:
+        return json.dumps([_evaluation_dict(e) for e in evs], ensure_ascii=True)
 
 
 def _step_from_dict(d: dict) -> Step:
@@ -498,10 +525,10 @@ class Store:
                 t.claimed_success, t.confidence, t.conversation_id, t.start_ns, t.end_ns,
                 t.wall_time_s, t.input_tokens, t.output_tokens, t.total_tokens, t.cost_usd,
                 t.model_calls, t.tool_calls, t.tool_errors, list(t.actions),
-                json.dumps([_step_to_dict(s) for s in t.steps], default=_json_default, ensure_ascii=False),
+                _steps_json(t.steps),
                 sorted(t.flags), t.shadow_of, t.perturbation_family, t.perturbation_strength,
                 t.revision, t.span_count,
-                json.dumps([_evaluation_dict(e) for e in t.evaluations], ensure_ascii=True), now + i,
+                _evaluations_json(t.evaluations), now + i,
                 t.task_input,
             ])
         self._insert("trials", rows, _TRIAL_COLS, permanent=True)
