@@ -76,8 +76,8 @@ import dataclasses
 import operator
 import pickle
 import sys
+import threading
 import types
-import zlib
 
 import bisect
 import hashlib
@@ -87,6 +87,8 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
+
+import zstandard
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanSemantics, Step, Trial
 
@@ -727,7 +729,7 @@ def _span_bytes(span: CanonicalSpan, sem: SpanSemantics) -> int:
 # ---- compact form of a finalized trace ----------------------------------------------------------
 # A finalized trace is kept only for late spans: re-assembly needs its spans and, for tombstones,
 # the header of each trial it emitted (never the steps). Decoded, that is ~2 KB per span in
-# Python objects; as one zlib-compressed pickle of plain tuples it is ~60-100 B per span, and its
+# Python objects; as one zstd-compressed pickle of plain tuples it is ~50-100 B per span, and its
 # size is exact (len of one bytes object), so the byte budget is honest. Built in ~5 us per span
 # (bench/README.md, bench_memory.py), unpacked only when a late span (or a re-send) arrives.
 _SPAN_PACKED = tuple(f.name for f in dataclasses.fields(CanonicalSpan) if f.name not in ("attributes", "events"))
@@ -736,12 +738,9 @@ _TRIAL_PACKED = tuple(f.name for f in dataclasses.fields(Trial) if f.name != "st
 _get_span = operator.attrgetter(*_SPAN_PACKED)
 _get_sem = operator.attrgetter(*_SEM_FIELDS)
 _get_trial = operator.attrgetter(*_TRIAL_PACKED)
-_I_OP = _SEM_FIELDS.index("op")
 _I_SEM_EVALS = _SEM_FIELDS.index("evaluations")
 _I_TRIAL_EVALS = _TRIAL_PACKED.index("evaluations")
 _I_RESOURCE = _SPAN_PACKED.index("resource")
-_OPS = tuple(Op)
-_OP_INDEX = {op: i for i, op in enumerate(_OPS)}
 # the _Trace object, its _traces and _finalized slots, the trace id key, the bytes object header
 _PACKED_TRACE_OVERHEAD = 560
 _PACKED = types.MappingProxyType({})  # spans / emitted of a packed trace: read-only, empty
@@ -757,45 +756,70 @@ def _evals_in(evs: tuple) -> tuple:
 
 def _pack(spans: Mapping[str, tuple[CanonicalSpan, SpanSemantics]], emitted: Mapping[_TrialKey, Trial]) -> bytes:
     """The compact form of a finalized trace (see above). Raises TypeError / pickle.PicklingError
-    for a value pickle cannot serialize (the trace then stays decoded)."""
+    for a value pickle cannot serialize (the trace then stays decoded). Field tuples as they come
+    out of one C-level getter (``Op`` members and the shared resource dict are pickled once per
+    trace, then by pickle's memo), compressed by zstd level 1 (~4x cheaper than zlib level 1 for
+    a smaller blob: 2 us per span of the worker went into ``zlib.compress``)."""
     out_spans = []
     for span, sem in spans.values():
         sv = _get_span(span)
         if type(sv[_I_RESOURCE]) is not dict:
             sv = list(sv)
             sv[_I_RESOURCE] = dict(sv[_I_RESOURCE])
-        mv = list(_get_sem(sem))
-        mv[_I_OP] = _OP_INDEX[mv[_I_OP]]
+        mv = _get_sem(sem)
         if mv[_I_SEM_EVALS]:
+            mv = list(mv)
             mv[_I_SEM_EVALS] = _evals_out(mv[_I_SEM_EVALS])
         out_spans.append((sv, mv))
     out_trials = []
     for t in emitted.values():
-        tv = list(_get_trial(t))
+        tv = _get_trial(t)
         if tv[_I_TRIAL_EVALS]:
+            tv = list(tv)
             tv[_I_TRIAL_EVALS] = _evals_out(tv[_I_TRIAL_EVALS])
         out_trials.append(tv)
-    return zlib.compress(pickle.dumps((out_spans, out_trials), protocol=5), 1)
+    blob = _zstd().compress(pickle.dumps((out_spans, out_trials), protocol=5))
+    # zstandard returns its output in a buffer of the compression bound (~4x the blob): keep an
+    # exact-size copy, so the memory held is what ``retained_bytes`` counts
+    return bytes(memoryview(blob))
 
 
 def _unpack(blob: bytes) -> tuple[dict[str, tuple[CanonicalSpan, SpanSemantics]], dict[_TrialKey, Trial]]:
     """Inverse of :func:`_pack`: spans keyed by span id (attributes and events empty, as the
     builder holds them) and the emitted trials without their steps."""
-    out_spans, out_trials = pickle.loads(zlib.decompress(blob))
+    out_spans, out_trials = pickle.loads(_unzstd().decompress(blob))
     spans = {}
     for sv, mv in out_spans:
         span = CanonicalSpan(**dict(zip(_SPAN_PACKED, sv)), attributes=_NO_ATTRS, events=())
-        mv[_I_OP] = _OPS[mv[_I_OP]]
         if mv[_I_SEM_EVALS]:
+            mv = list(mv)
             mv[_I_SEM_EVALS] = _evals_in(mv[_I_SEM_EVALS])
         spans[span.span_id] = (span, SpanSemantics(*mv))
     emitted = {}
     for tv in out_trials:
         if tv[_I_TRIAL_EVALS]:
+            tv = list(tv)
             tv[_I_TRIAL_EVALS] = _evals_in(tv[_I_TRIAL_EVALS])
         t = Trial(**dict(zip(_TRIAL_PACKED, tv)), steps=())
         emitted[_key(t)] = t
     return spans, emitted
+
+
+_zstd_local = threading.local()  # zstd contexts are not safe for concurrent use: one per thread
+
+
+def _zstd() -> "zstandard.ZstdCompressor":
+    c = getattr(_zstd_local, "c", None)
+    if c is None:
+        c = _zstd_local.c = zstandard.ZstdCompressor(level=1)
+    return c
+
+
+def _unzstd() -> "zstandard.ZstdDecompressor":
+    d = getattr(_zstd_local, "d", None)
+    if d is None:
+        d = _zstd_local.d = zstandard.ZstdDecompressor()
+    return d
 
 
 def _key(t: Trial) -> _TrialKey:
