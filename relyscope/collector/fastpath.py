@@ -67,15 +67,9 @@ def prepare(res: DecodeResult, redactor: Redactor | None = None) -> DecodeResult
     if redactor is not None and redactor.active:
         spans = [redactor.apply(s) for s in spans]
     cols = SpanColumns()
-    add = cols.add
-    sems = []
-    lean = []
-    for s in spans:
-        add(s)
-        sems.append(normalize_fast(s))
-        lean.append(_lean(s))
-    res.spans = lean
-    res.semantics = sems
+    cols.add_all(spans)
+    res.semantics = [normalize_fast(s) for s in spans]
+    res.spans = [_lean(s) for s in spans]
     res.columns = cols
     return res
 

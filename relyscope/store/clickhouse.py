@@ -91,6 +91,15 @@ def resolve_dsn(dsn: str) -> str:
 
 
 def _attr_str(v: Any) -> str:
+    """An attribute value as its stored string: str as is, bools ``true``/``false``, ints and
+    floats as ``str``/``repr``, bytes as hex, None as ``""``, anything else as JSON."""
+    f = _ATTR_STR.get(v.__class__)  # the exact common types: one dict lookup, no isinstance chain
+    if f is not None:
+        return f(v)
+    return _attr_str_any(v)
+
+
+def _attr_str_any(v: Any) -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, bool):
@@ -101,7 +110,23 @@ def _attr_str(v: Any) -> str:
         return v.hex()
     if v is None:
         return ""
-    return json.dumps(v, default=_json_default, ensure_ascii=False)
+    return _json_text(v)
+
+
+def _json_text(v: Any) -> str:
+    """``json.dumps(v, default=_json_default, ensure_ascii=False)``, exactly: a non-empty list of
+    strings needing no escape (printable, no quote or backslash: what that encoder leaves as is)
+    joined directly; anything else through one module-level encoder (``json.dumps`` with options
+    builds a ``JSONEncoder`` per call). Array attributes of strings (``gen_ai.response.
+    finish_reasons`` on every model call) cost ~2 us each through ``json.dumps``."""
+    if v.__class__ is list and v:
+        try:
+            whole = "".join(v)
+        except TypeError:  # not all strings
+            return _JSON.encode(v)
+        if whole.isprintable() and '"' not in whole and "\\" not in whole:
+            return '["' + '", "'.join(v) + '"]'
+    return _JSON.encode(v)
 
 
 def _json_default(o: Any) -> Any:
@@ -112,6 +137,11 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, Op):
         return o.value
     return str(o)
+
+
+_JSON = json.JSONEncoder(default=_json_default, ensure_ascii=False)
+_ATTR_STR = {str: str.__str__, bool: lambda v: "true" if v else "false", int: int.__repr__,
+             float: float.__repr__, bytes: bytes.hex, list: _json_text, dict: _json_text}
 
 
 SCHEMA = [
@@ -874,6 +904,64 @@ class SpanColumns:
         self.flags.extend(sorted(s.flags))
         self.raw_end.append(s.raw_end_ns if s.raw_end_ns is not None and s.raw_end_ns >= 0 else None)
 
+    def add_all(self, spans: Sequence[CanonicalSpan]) -> None:
+        """Append the rows of ``spans``, equal to :meth:`add` of each in turn: one comprehension
+        per scalar column, and each distinct resource dict (one per OTLP resource: shared by
+        all its spans) converted once — ~2x cheaper than :meth:`add` per span."""
+        if not spans:
+            return
+        self.ts.extend([s.start_ns for s in spans])
+        self.trace_id.extend([s.trace_id for s in spans])
+        self.span_id.extend([s.span_id for s in spans])
+        self.parent.extend([s.parent_span_id for s in spans])
+        self.trace_state.extend([s.trace_state for s in spans])
+        self.name.extend([s.name for s in spans])
+        kind = _SPAN_KIND.get
+        self.kind.extend([kind(s.kind, "Unspecified") for s in spans])
+        self.scope_name.extend([s.scope_name for s in spans])
+        self.scope_version.extend([s.scope_version for s in spans])
+        self.duration.extend([s.end_ns - s.start_ns for s in spans])
+        status = _STATUS.get
+        self.status.extend([status(s.status_code, "Unset") for s in spans])
+        self.status_message.extend([s.status_message for s in spans])
+        self.raw_end.extend([r if r is not None and r >= 0 else None for r in [s.raw_end_ns for s in spans]])
+        # resources: (the dict itself, kept alive so its id stays its own, its row parts)
+        resources: dict[int, tuple] = {}
+        service, res_n, res_k, res_v = self.service, self.res_n, self.res_k, self.res_v
+        attr_n, attr_k, attr_v = self.attr_n, self.attr_k, self.attr_v
+        ev_n, link_n, flag_n = self.ev_n, self.link_n, self.flag_n
+        for s in spans:
+            r = s.resource
+            got = resources.get(id(r))
+            if got is None:
+                got = resources[id(r)] = (r, str(r.get("service.name", "")), len(r), list(r),
+                                          [v if v.__class__ is str else _attr_str(v) for v in r.values()])
+            service.append(got[1])
+            res_n.append(got[2])
+            res_k.extend(got[3])
+            res_v.extend(got[4])
+            a = s.attributes
+            attr_n.append(len(a))
+            attr_k.extend(a)
+            attr_v.extend([v if v.__class__ is str else _attr_str(v) for v in a.values()])
+            evs = s.events
+            ev_n.append(len(evs))
+            if evs:
+                for e in evs:
+                    self.ev_ts.append(e.time_ns)
+                    self.ev_name.append(e.name)
+                    self.add_map(e.attributes, self.ev_attr_n, self.ev_attr_k, self.ev_attr_v)
+            links = s.links
+            link_n.append(len(links))
+            if links:
+                for lt, ls in links:
+                    self.link_tid.append(lt)
+                    self.link_sid.append(ls)
+            fl = s.flags
+            flag_n.append(len(fl))
+            if fl:
+                self.flags.extend(sorted(fl))
+
     @staticmethod
     def add_map(m: Any, n: list, ks: list, vs: list) -> None:
         n.append(len(m))
@@ -950,8 +1038,7 @@ class SpanColumns:
 def span_columns(spans: Iterable[CanonicalSpan]) -> SpanColumns:
     """:class:`SpanColumns` of these spans (the rows :meth:`Store.insert_spans` builds)."""
     cols = SpanColumns()
-    for s in spans:
-        cols.add(s)
+    cols.add_all(spans if isinstance(spans, (list, tuple)) else list(spans))
     return cols
 
 
