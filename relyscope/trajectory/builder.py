@@ -508,7 +508,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
     evaluations: list = []
     first_input: str | None = None
     conversation: str | None = None
-    ordered = sorted(members, key=lambda s: _order_key(spans, s))
+    ordered = sorted(members, key=lambda s: (spans[s][0].start_ns, spans[s][0].end_ns, s))  # _order_key
     inner_error = {outer: spans[inner][1].error_type for inner, outer in (pairs or {}).items()
                    if spans[inner][1].error_type}
     # model calls of this trial, and tool spans that carry no call id (OpenLLMetry, …): those can
@@ -527,7 +527,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         if conversation is None and sem.conversation_id:
             conversation = sem.conversation_id
         evaluations.extend(sem.evaluations)
-        if any(v is not None for v in (sem.outcome, sem.confidence, sem.claimed_success)):
+        if sem.outcome is not None or sem.confidence is not None or sem.claimed_success is not None:
             outcome_sem.append(sem)
         action = _step_action(sid, span, sem, wrappers)
         if pairs and sid in pairs:
