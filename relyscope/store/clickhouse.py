@@ -270,6 +270,7 @@ _TRIAL_COLS = [
     "revision", "span_count", "evaluations", "version_ns", "task_input",
 ]
 _STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
+
 _STEP_FIELD_SET = frozenset(_STEP_FIELDS)  # membership per key per step: a list made loading trials slow
 
 
@@ -298,9 +299,17 @@ def _steps_json(steps: Sequence[Step]) -> str:
     non-standard ``NaN``). Whatever orjson refuses (an int beyond 64 bits, a lone surrogate, a
     non-string key) goes through ``json.dumps`` as before."""
     try:
-        return orjson.dumps(steps, default=_json_default).decode()
+        return orjson.dumps(steps, default=_step_json_default).decode()
     except TypeError:  # orjson.JSONEncodeError
         return json.dumps([_step_to_dict(s) for s in steps], default=_json_default, ensure_ascii=False)
+
+
+def _step_json_default(o: Any) -> Any:
+    # :func:`_json_default` with the one type every step has first (its flags): orjson calls it
+    # once per step, and the isinstance chain made it 40 % of the steps' serialization
+    if o.__class__ is frozenset:
+        return sorted(o)
+    return _json_default(o)
 
 
 def _evaluations_json(evs: Sequence[Evaluation]) -> str:
