@@ -1,0 +1,109 @@
+"""Per-stage CPU of the worker loop per stored span, without a profiler's distortion.
+
+Same setup as ``bench_worker.py`` (a ``Pipeline`` on embedded chDB, ``--requests`` × 512 spans
+spooled through ``accept``, then ``_work_batch`` until everything is stored and finalized; core
+0), with thin ``time.thread_time`` / ``time.process_time`` wrappers around the worker's stages
+(``_take`` = decode + normalize + columns, the inserts, the builder's ``add`` / ``poll``) and a
+``gc.callbacks`` timer. ``process`` includes chDB's own threads while the stage ran. The wrappers
+cost ~0.1 µs per call (a few calls per batch: negligible).
+
+Run: ``.venv/bin/python bench/bench_worker_stages.py [--requests 40] [--base DIR]`` (``--base``:
+an older checkout of the package, ``git archive <rev> relyscope | tar -x -C DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if "--base" in sys.argv:
+    sys.path.insert(0, sys.argv[sys.argv.index("--base") + 1])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import SPANS, template, variant  # noqa: E402
+
+import relyscope  # noqa: E402
+from relyscope.config import Settings  # noqa: E402
+from relyscope.pipeline import Pipeline  # noqa: E402
+from relyscope.store import Store  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--base", help="directory holding an older relyscope package")
+    args = ap.parse_args()
+    if (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {0})
+    import pandas  # noqa: F401 - clickhouse-connect imports it on the first insert: not per-span cost
+
+    thread: collections.Counter = collections.Counter()
+    proc: collections.Counter = collections.Counter()
+
+    def wrap(obj, name: str, label: str) -> None:
+        f = getattr(obj, name)
+
+        def timed(*a, **k):
+            c, pc = time.thread_time(), time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                thread[label] += time.thread_time() - c
+                proc[label] += time.process_time() - pc
+
+        setattr(obj, name, timed)
+
+    gc_s = [0.0, 0.0]
+
+    def on_gc(phase, info) -> None:
+        if phase == "start":
+            gc_s[1] = time.thread_time()
+        else:
+            gc_s[0] += time.thread_time() - gc_s[1]
+
+    root = Path(tempfile.mkdtemp(prefix="relyscope-stages-"))
+    try:
+        store = Store(f"chdb://{root}/data", database="stages")
+        p = Pipeline(Settings(store=store.dsn, spool_dir=str(root / "spool"), grace_period_s=0.0,
+                              score_interval_s=3600), store)
+        tmpl = template()
+        for k in range(args.requests):
+            p.accept(variant(tmpl, k), "application/x-protobuf")
+        for name in ("_take", "_rehydrate", "_commit_spool"):
+            wrap(p, name, name)
+        for name in ("insert_span_columns", "insert_spans", "insert_trials"):
+            if hasattr(p.store, name):
+                wrap(p.store, name, name)
+        wrap(p.builder, "add", "builder.add")
+        wrap(p.builder, "poll", "builder.poll")
+        gc.callbacks.append(on_gc)
+        c0, p0 = time.thread_time(), time.process_time()
+        while not p._queue_empty():
+            p._work_batch() if hasattr(p, "_work_batch") else p._work_once()
+        p._finalize_all()
+        tot, ptot = time.thread_time() - c0, time.process_time() - p0
+        gc.callbacks.remove(on_gc)
+        n = args.requests * SPANS
+        assert store.count_spans() == n
+        print(f"{relyscope.__file__}: {n} spans; worker thread {tot / n * 1e6:.1f} us/span, process "
+              f"{ptot / n * 1e6:.1f} us/span ({n / ptot:,.0f} spans per CPU second); load avg "
+              f"{os.getloadavg()[0]:.2f}")
+        print(f"  {'stage':24s} {'thread us/span':>14s} {'process us/span':>16s}")
+        for k, v in thread.most_common():
+            print(f"  {k:24s} {v / n * 1e6:14.1f} {proc[k] / n * 1e6:16.1f}")
+        print(f"  {'cyclic GC':24s} {gc_s[0] / n * 1e6:14.1f}")
+        print(f"  {'rest of the loop':24s} {(tot - sum(thread.values())) / n * 1e6:14.1f}")
+        p.spool.close()
+        store.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
