@@ -534,8 +534,16 @@ _CODE = {"traceId": "trace_id", "spanId": "span_id"}
 
 def _span_pb(sp: Any, resource: dict, scope_name: str, scope_version: str, lim: Limits,
              extra_flags: frozenset[str]) -> CanonicalSpan:
-    tid = _pb_id(sp.trace_id, 16, _Z16, "traceId")
-    sid = _pb_id(sp.span_id, 8, _Z8, "spanId")
+    raw = sp.trace_id
+    if len(raw) != 16 or raw == _Z16:  # the checks of _pb_id, inlined for the valid case
+        tid = _pb_id(raw, 16, _Z16, "traceId")
+    else:
+        tid = raw.hex()
+    raw = sp.span_id
+    if len(raw) != 8 or raw == _Z8:
+        sid = _pb_id(raw, 8, _Z8, "spanId")
+    else:
+        sid = raw.hex()
     fl: set[str] = set(extra_flags) if extra_flags else set()
     praw = sp.parent_span_id
     if not praw:
@@ -551,7 +559,11 @@ def _span_pb(sp: Any, resource: dict, scope_name: str, scope_version: str, lim: 
     elif not 0 < kind <= 5:
         fl.add("invalid_kind")
         kind = 0
-    start, end, raw_end = _times(sp.start_time_unix_nano, sp.end_time_unix_nano, fl)
+    start, end = sp.start_time_unix_nano, sp.end_time_unix_nano
+    if 0 < start <= end <= _MAX_TIME_NS:  # the usual case of _times: nothing to flag or repair
+        raw_end = None
+    else:
+        start, end, raw_end = _times(start, end, fl)
     st = sp.status
     code = st.code
     if not 0 <= code <= 2:
