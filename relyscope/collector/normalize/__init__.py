@@ -102,9 +102,11 @@ def detect_conventions(span: CanonicalSpan) -> tuple[str, ...]:
 
 
 def _error(span: CanonicalSpan) -> str | None:
-    err = as_str(span.attributes.get(sc.ERROR_TYPE))
-    if err:
-        return err
+    err = span.attributes.get(sc.ERROR_TYPE)
+    if err is not None:  # (as_str(None) is None: skipped for the usual span without one)
+        err = as_str(err)
+        if err:
+            return err
     if span.status_code == 2:
         return span.status_message or "error"
     for e in span.events:
@@ -152,14 +154,19 @@ def _complete(span: CanonicalSpan, fields: dict[str, Any], op: Op | None, said_u
         result = fields.get("tool_result")
         if isinstance(result, dict) and result.get("isError") is True:
             fields["error_type"] = _MCP_TOOL_ERROR  # an MCP CallToolResult reporting failure
+    a = span.attributes
     if "conversation_id" not in fields:
-        sid = as_str(span.attributes.get(_SESSION_ID))
-        if sid:
-            fields["conversation_id"] = sid
+        sid = a.get(_SESSION_ID)
+        if sid is not None:  # as_str / as_float map None to None: not called for absent keys
+            sid = as_str(sid)
+            if sid:
+                fields["conversation_id"] = sid
     if "cost_usd" not in fields:
-        cost = as_float(span.attributes.get(_OPERATION_COST))
-        if cost is not None and cost >= 0:
-            fields["cost_usd"] = cost
+        cost = a.get(_OPERATION_COST)
+        if cost is not None:
+            cost = as_float(cost)
+            if cost is not None and cost >= 0:
+                fields["cost_usd"] = cost
     if span.events:
         evaluations = _evaluations(span.events)
         if evaluations:

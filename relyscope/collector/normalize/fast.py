@@ -141,6 +141,10 @@ _GENAI_CONV: Final = {
 }
 
 
+_NO_OP: Final = object()  # "not a GenAI operation name" in _op_cache
+_op_cache: dict[str, Any] = {}  # gen_ai.operation.name as sent -> Op (or _NO_OP)
+
+
 def _genai(span: CanonicalSpan) -> dict[str, Any]:
     """:func:`~.genai.extract` for a span with no legacy message events (same fields, same
     order of precedence; fields it would give as None are left out)."""
@@ -149,8 +153,12 @@ def _genai(span: CanonicalSpan) -> dict[str, Any]:
     out: dict[str, Any] = {}
     op_name = a.get(_OPERATION)
     if isinstance(op_name, str):
-        op = genai.OPERATIONS.get(op_name.strip().lower())
-        if op is not None:
+        op = _op_cache.get(op_name)
+        if op is None:
+            op = genai.OPERATIONS.get(op_name.strip().lower(), _NO_OP)
+            if len(_op_cache) < 1024:  # bounded: operation names are a small vocabulary
+                _op_cache[op_name] = op
+        if op is not _NO_OP:
             out["op"] = op
     conv = _GENAI_CONV
     for f, v in p.items():
