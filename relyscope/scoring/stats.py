@@ -341,7 +341,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
     trajs = st.trajectories
     nt = len(trajs)
     sub = TaskStats([st.task_ids[i] for i in ul], st.sums[usable] if st.sums.size else st.sums, [],
-                    [trajs[i] if i < nt else [] for i in ul], fsums=None if st.fsums is None else st.fsums[usable])
+                    [trajs[i] if i < nt else [] for i in ul] if nt or st.traj_values is None else [], fsums=None if st.fsums is None else st.fsums[usable])
     remap = {old: new for new, old in enumerate(ul)}
     sub.hist = [(remap[t], q, p, ng) for t, q, p, ng in st.hist if t in remap]
     n_tasks = len(sub.task_ids)
