@@ -365,8 +365,11 @@ def score(
     format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
     n_boot: int = typer.Option(2000, min=0, help="bootstrap resamples (0: no CIs)"),
     policy: Optional[Path] = typer.Option(None, "--policy", exists=True, help="safety policy YAML"),
+    keep_store: Optional[Path] = typer.Option(None, "--keep-store", file_okay=False,
+                                              help="write the embedded store into this new (or empty) directory "
+                                              "and keep it, to inspect what was stored (default: a temporary one)"),
 ) -> None:
-    """Score OTLP/JSON files offline: temporary embedded store, every trial finalized at end of input.
+    """Score OTLP/JSON files offline: embedded store (temporary unless --keep-store), every trial finalized at end of input.
     Decoded as the sidecar decodes: RELYSCOPE_INGEST_DECODER (fast, the default, or legacy)."""
     from relyscope.collector import fastpath
     from relyscope.collector.normalize import normalize
@@ -376,11 +379,15 @@ def score(
 
     # the sidecar's selection (relyscope.pipeline): the hot path, or the oracle it is tested against
     fast = _settings().ingest_decoder == "fast"
-    tmp = tempfile.mkdtemp(prefix="relyscope-score-")
+    if keep_store is not None and keep_store.exists() and any(keep_store.iterdir()):
+        err.print(f"[red]--keep-store {keep_store}: not empty (give a new or empty directory)[/red]")
+        raise typer.Exit(2)
+    tmp = tempfile.mkdtemp(prefix="relyscope-score-") if keep_store is None else None
+    data_dir = f"{tmp}/data" if tmp else str(keep_store.resolve())
     builder = TrajectoryBuilder(grace_s=0, root_timeout_s=1e12)
     rejected = 0
     try:
-        st = Store(f"chdb://{tmp}/data")
+        st = Store(f"chdb://{data_dir}")
         bodies = []  # (file, line number or None, body)
         for f in files:
             text = f.read_bytes()
@@ -416,7 +423,8 @@ def score(
         trials = apply_outcomes(st.load_trials(), {})
         st.close()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
     if rejected:
         err.print(f"[yellow]{rejected} spans rejected[/yellow]")
     _print_report(_score_trials(trials, n_boot, str(policy) if policy else None), format)
