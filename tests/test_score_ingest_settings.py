@@ -183,3 +183,17 @@ def test_score_applies_the_sidecars_attribute_limits(tmp_path, sidecar_limits, d
     # D14: 4 spans carry content over 12 code points (each run's LLM and tool span); D20: the
     # LLM span's kept history — at least those 4
     assert got["truncated_attribute"] >= 4
+
+
+def test_score_says_which_spans_were_rejected_and_why(tmp_path):
+    ok = _failing_run()
+    bad = json.loads(json.dumps(ok))
+    sp = bad["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    sp["traceId"], sp["spanId"] = "7a" * 16, ""  # no span id: the sidecar rejects it (span_id_missing)
+    f = tmp_path / "mixed.otlp.jsonl"
+    f.write_text(json.dumps(ok) + "\n" + json.dumps(bad) + "\n")
+    r = _score([f], tmp_path / "store", {})
+    line = " ".join(r.stderr.split())
+    assert "1 spans rejected (span_id_missing 1), 1 stored" in line, r.stderr
+    assert "spanId" in line  # the reason the sidecar would answer in partial success
+    assert len(_dump(tmp_path / "store")["otel_traces"]) == 1
