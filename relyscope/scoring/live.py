@@ -58,11 +58,6 @@ _R_Q, _R_Y, _R_ACT, _R_TRAJ, _R_SIGN = (_R_SUMS + _NCOL + i for i in range(5))
 _R_TID: Final = 3
 
 
-def _bucket(end_ns: int, size: int) -> int:
-    s = end_ns // 10**9
-    return s // size * size if size else 0
-
-
 @dataclass
 class WindowState:
     """One window's per-task sums from ``since`` (Unix s, bucket-aligned) on, at ``level``.
@@ -131,11 +126,7 @@ class WindowState:
         if self.pt_ok is not None:
             self.pt_ok[rows] = False
         big = sums[:, _BIG]
-        for i, r in enumerate(rows):
-            for j in range(len(_BIG)):
-                v = int(big[i, j])
-                if v:
-                    self.bigs[r, j] = int(self.bigs[r, j]) + (v if sign > 0 else -v)
+        np.add.at(self.bigs, rows, big if sign > 0 else -big)  # object dtype: exact Python ints
         self.version += 1
 
     def add_hist(self, task: str, q: float, pos: int, neg: int) -> None:
@@ -271,17 +262,23 @@ class LiveStats:
             if wins is None:
                 continue
             touched.add(g)
+            tasks = [r[_R_TASK] for r in rs]
+            ends = np.array([r[_R_END] for r in rs], dtype=np.int64)
+            sums_all = np.array([r[_R_SUMS:_R_SUMS + _NCOL] for r in rs], dtype=object).reshape(len(rs), _NCOL)
+            with_q = [i for i, r in enumerate(rs) if r[_R_Q] is not None]
             for ws in wins.values():
-                sel = [r for r in rs if _bucket(r[_R_END], ws.size) >= ws.since]
-                if not sel:
+                # the bucket (at this window's level) of each row's end time, from the window's start on
+                keep = (ends // 10**9 // ws.size * ws.size if ws.size else np.zeros(len(rs), np.int64)) >= ws.since
+                if not keep.any():
                     continue
-                sums = np.array([r[_R_SUMS:_R_SUMS + _NCOL] for r in sel], dtype=object).reshape(len(sel), _NCOL)
-                ws.add([r[_R_TASK] for r in sel], sums)
-                for r in sel:
-                    if r[_R_Q] is not None:
+                sel = np.flatnonzero(keep)
+                ws.add([tasks[i] for i in sel.tolist()], sums_all[sel])
+                for i in with_q:
+                    if keep[i]:
+                        r = rs[i]
                         y, sign = r[_R_Y], r[_R_SIGN]
                         ws.add_hist(r[_R_TASK], float(r[_R_Q]), sign if y == 1 else 0, sign if y == 0 else 0)
-                    ws.max_end_ns = max(ws.max_end_ns, int(r[_R_END]))
+                ws.max_end_ns = max(ws.max_end_ns, int(ends[sel].max()))
             traj = self._traj[g]
             for r in rs:
                 if not r[_R_TRAJ]:
