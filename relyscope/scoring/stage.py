@@ -267,7 +267,7 @@ class ScoreStage:
     def live(self) -> LiveStats:
         """The in-memory window statistics (created with the rollups)."""
         if self._live is None:
-            self._live = LiveStats(self.rollup(), [w for w in self.windows], max_k=self.settings.max_k)
+            self._live = LiveStats(self.rollup(), [w for w in self.windows])
             self._live_gen = self.rollup().generation
         return self._live
 
