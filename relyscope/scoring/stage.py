@@ -13,6 +13,7 @@ Thread-safety: ``mark_dirty`` may be called from any thread; ``rescore`` is seri
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import math
 import re
@@ -129,6 +130,14 @@ class ScoreStage:
         self._ci_scores: dict[tuple[GroupKey, str], GroupScore] = {}  # ... → the score with those CIs
         self._ci_credit = 0.0
         self._ci_clock = 0.0
+        #: background CI / drift refreshes (``score_ci_background``): key → (future, started at,
+        #: window start)
+        self._ci_jobs: dict = {}
+        self._ci_pool: concurrent.futures.ThreadPoolExecutor | None = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relyscope-ci")
+            if settings.score_ci_background and settings.incremental_scoring else None)
+        #: background refreshes published by the last rescore, and the seconds they took
+        self.last_background = (0, 0.0)
         self._checked_at: dict[tuple[GroupKey, str], float] = {}
         self._review_dirty: set[GroupKey] = set()  # changed since their report sections were made
         self._check_credit = 0.0
@@ -151,7 +160,60 @@ class ScoreStage:
 
     def run(self) -> None:
         """The scorer thread's body: rescore every ``score_interval_s`` until ``stop`` is set."""
-        self._score_loop()
+        try:
+            self._score_loop()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the background CI thread (a refresh under way is abandoned, not waited for)."""
+        if self._ci_pool is not None:
+            self._ci_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- background CI refreshes ----------------------------------------------------------------
+    def _ci_window_job(self, g: GroupKey, length: float | None, since: int, snap, measured: bool):
+        t0 = time.perf_counter()
+        st = snap if snap is not None else self.rollup().window_stats(g, since, length)
+        s = self.settings
+        gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
+        return gs, st.max_end_ns, stats_digest(st), time.perf_counter() - t0
+
+    def _ci_drift_job(self, g: GroupKey, now: float, measured: bool, members):
+        t0 = time.perf_counter()
+        return self._drift(self.rollup(), g, now, measured, members), time.perf_counter() - t0
+
+    def _collect_ci_jobs(self, out: dict, drift: dict) -> list[dict]:
+        """Publish the background refreshes that finished: each window's CI joins its published
+        point estimates (and is kept for the next ones), drift replaces the group's. Returns the
+        ``scores`` rows of refreshed primary windows. A failed refresh stays due (logged)."""
+        rows: list[dict] = []
+        n, secs = 0, 0.0
+        for key, (fut, started, since) in list(self._ci_jobs.items()):
+            if not fut.done():
+                continue
+            del self._ci_jobs[key]
+            g, name = key
+            try:
+                res = fut.result()
+            except Exception:  # noqa: BLE001 - e.g. the store went down: due again next cycle
+                log.exception("background CI refresh of %s %s failed", g, name)
+                self._ci_dirty.add(key)
+                continue
+            n += 1
+            self._ci_at[key] = started
+            if name == "drift":
+                drift[g], took = res
+                secs += took
+                continue
+            gs, max_end_ns, digest, took = res
+            secs += took
+            self._ci_scores[key] = gs
+            if g in out.get(name, {}):
+                out[name][g] = _with_cis(out[name][g], gs, self.settings.n_boot)
+            if name == self.primary_window:
+                rows += _window_rows(g, gs, since, max_end_ns / 1e9 or started, self.settings.n_boot, name, digest)
+        self.last_background = (n, secs)
+        return rows
 
     def _score_loop(self) -> None:
         # at start, score every group already in the store: after a restart the gauges and the
@@ -300,7 +362,7 @@ class ScoreStage:
         due (CI older than ``score_ci_interval_s``), at the rate that refreshes each once per
         interval (a credit of items × elapsed / interval, spent one refresh at a time)."""
         interval = self.settings.score_ci_interval_s
-        cands = [k for k in self._ci_dirty if k[0] in groups]
+        cands = [k for k in self._ci_dirty if k[0] in groups and k not in self._ci_jobs]
         if all_groups or interval <= 0:
             return set(cands)
         out = {k for k in cands if k not in self._ci_at}
@@ -371,7 +433,8 @@ class ScoreStage:
         s = self.settings
         out = {name: dict(self.window_scores.get(name, {})) for name, _ in self.windows}
         drift = dict(self.drift)
-        rows: list[dict] = []
+        rows: list[dict] = self._collect_ci_jobs(out, drift)
+        background = self._ci_pool is not None and not all_groups
         for g in list(live.groups()):
             if g not in plan or plan[g] is not None:
                 live.drop(g)  # gone, or folded into 'other' (scored from ClickHouse)
@@ -426,6 +489,15 @@ class ScoreStage:
             self._scored_since[key] = since
             full = key in refresh or (members is None and name in every)
             t1 = clk()
+            if background and key in refresh and members is None and name not in every and g[2] != "offline":
+                # on the CI thread: a long window reads ClickHouse there; a minute-level one is
+                # bootstrapped from a copy of its memory taken now
+                if key not in self._ci_jobs:
+                    snap = None if live.window(g, name).pooled else live.stats(g, name)
+                    self._ci_jobs[key] = (self._ci_pool.submit(self._ci_window_job, g, length, since, snap, measured),
+                                          now, since)
+                self._ci_dirty.discard(key)
+                full = False
             if members is not None or (full and name not in every):
                 # pooled 'other' group, or a CI refresh: read the window from ClickHouse
                 st = ru.window_stats(g, since, length, members=members)
@@ -456,8 +528,14 @@ class ScoreStage:
         for g in sorted(groups):
             key = (g, "drift")
             if g[2] != "offline" and key in refresh:
-                drift[g] = self._drift(ru, g, now, policy_for(self.policy, g[0]) is not None, plan[g])
-                self._ci_at[key] = now
+                measured = policy_for(self.policy, g[0]) is not None
+                if background:
+                    if key not in self._ci_jobs:
+                        self._ci_jobs[key] = (self._ci_pool.submit(self._ci_drift_job, g, now, measured, plan[g]),
+                                              now, 0)
+                else:
+                    drift[g] = self._drift(ru, g, now, measured, plan[g])
+                    self._ci_at[key] = now
                 self._ci_dirty.discard(key)
         ph["drift"] = clk() - t0
         t0 = clk()
