@@ -17,7 +17,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from relyscope.model import Trial
 from relyscope.scorers.attribution import FailureCategory
@@ -55,8 +55,7 @@ def calibration_bins(pairs: Sequence[tuple[float, int]], n_bins: int = 10) -> li
     return rows
 
 
-@dataclass(frozen=True, slots=True)
-class TrialFacts:
+class TrialFacts(NamedTuple):
     """What the report sections (:func:`sections`) read of one graded trial — no steps, no task
     input (a fingerprinted task's ``label`` excerpt, at most 60 characters, instead), so a live
     group can keep the facts of its most recent trials in memory (bench/bench_review_facts.py
@@ -68,7 +67,8 @@ class TrialFacts:
     ``violations``: (rule id, rule type, severity name, attempted) per violation; the control
     counts of §8 (named as :class:`relyscope.scorers.decisions.ControlStats`, so
     :func:`relyscope.scorers.graders.control_rates` pools them); ``fault_calls`` / ``faulted``:
-    tool calls of a ``fault``-family trial and those that got an injected fault (0 otherwise)."""
+    tool calls of a ``fault``-family trial and those that got an injected fault (0 otherwise).
+    A named tuple: immutable, and cheap to make again from a packed record (the live path)."""
 
     trial_id: str
     trace_id: str
