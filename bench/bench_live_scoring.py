@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--ci-interval", type=float, default=None, help="RELYSCOPE_SCORE_CI_INTERVAL_S (default: the setting's)")
     ap.add_argument("--ci-every-cycle", default=None, help="RELYSCOPE_SCORE_CI_EVERY_CYCLE (default: the setting's)")
     ap.add_argument("--profile", action="store_true", help="cProfile the cycles; print the top functions")
+    ap.add_argument("--profile-sort", default="cumulative", help="pstats sort key of --profile (e.g. tottime)")
 
     ap.add_argument("--data", default=None, help="use this already seeded directory (from --seed-only) instead of seeding")
     ap.add_argument("--seed-only", default=None, help="seed a store in this directory and exit")
@@ -128,6 +129,9 @@ def main() -> None:
         tmp = tempfile.mkdtemp(prefix="bench-live-")
         subprocess.run([sys.executable, __file__, "--seed-only", tmp, "--stored", str(args.stored), "--groups",
                         str(args.groups), "--tasks", str(args.tasks)], check=True)
+    from relyscope import memory
+
+    memory.set_arena_max(Settings().malloc_arena_max)  # as the sidecar starts (relyscope.sidecar)
     store = Store(f"chdb://{tmp}/data")
     extra = {k: v for k, v in (("score_ci_interval_s", args.ci_interval), ("score_ci_every_cycle", args.ci_every_cycle))
              if v is not None}
@@ -135,10 +139,12 @@ def main() -> None:
     clock = _Clock()
     stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
+    memory.trim()
     idle = rss_mib()
     t0 = time.perf_counter()
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
+    memory.trim()
     loaded = rss_mib()
     print(f"store {tmp}: first full cycle (load every window, every CI) "
           f"{first_s:.1f} s; RSS idle {idle:.0f} MiB, after it {loaded:.0f} MiB; settings: ci_interval "
@@ -166,6 +172,7 @@ def main() -> None:
         t0 = time.perf_counter()
         stage.rescore()
         score_s = time.perf_counter() - t0
+        memory.trim()  # the sidecar's Trimmer does this every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s)
         rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes))
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} long-window/drift CI refreshes), "
@@ -175,7 +182,7 @@ def main() -> None:
         import pstats
 
         prof.disable()
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(prof).sort_stats(args.profile_sort).print_stats(40)
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     cyc = [r[0] + r[1] for r in rows]
     print(f"| {args.stored:,} | {args.groups} | {args.tasks:,} | {args.new} | {args.n_boot} | {med([r[0] for r in rows]):.2f} s | "

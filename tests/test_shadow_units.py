@@ -192,24 +192,100 @@ def test_side_effect_equivalence():
     assert side_effect_signature(plain, {"wi*": "write"}) == {("wire", '{"to":"x"}'): 1}
 
 
-def test_harness_check_expects_the_agents_own_inconsistency():
-    from relyscope.shadow.grading import harness_check, production_success_rates
+def _on(t, task):
+    return dataclasses.replace(t, task_id=task)
 
-    p_ok = trial(PROD.steps, tid="p1", outcome="success")
-    p_bad = trial(PROD.steps, tid="p2", outcome="failure")
-    prods = {"p1": p_ok, "p2": p_bad}
-    # task success rate 0.6 in production (3 of 5 known)
-    rates = production_success_rates([trial([], tid=f"x{i}", outcome=o) for i, o in
-                                      enumerate(["success"] * 3 + ["failure"] * 2 + ["unknown"])])
-    assert rates == {"task": 0.6}
-    reps = [trial([], tid="r1", outcome="success", run_kind="shadow", shadow_of="p1"),
-            trial([], tid="r2", outcome="failure", run_kind="shadow", shadow_of="p1"),
-            trial([], tid="r3", outcome="failure", run_kind="shadow", shadow_of="p2"),
-            trial([], tid="r4", outcome="unknown", run_kind="shadow", shadow_of="p2"),   # not known: skipped
-            trial([], tid="r5", outcome="success", run_kind="shadow", shadow_of="p1", version="2.0")]  # not incumbent
-    hc = harness_check(reps, prods, rates)
-    # r1 agrees, r2 not, r3 agrees; expected = 0.6 + 0.6 + 1
-    assert (hc.replays, hc.agreeing) == (3, 2) and abs(hc.expected - 2.2) < 1e-12
+
+def test_harness_check_leaves_the_replayed_run_out_of_its_own_rate():
+    """Bug: the replayed production run fed its own task's rate, pulling the expected agreement of
+    a production success toward 1 (false harness drift). Task A: 5 production runs, 3 successes."""
+    from relyscope.shadow.grading import harness_check
+
+    runs = [_on(trial([], tid=i, outcome=o), "A") for i, o in
+            [("pa1", "success"), ("pa2", "failure"), ("x1", "success"), ("x2", "success"), ("x3", "failure"),
+             ("x4", "unknown")]]                                    # unknown: not counted
+    prods = {t.trial_id: t for t in runs[:2]}
+
+    def rep(tid, of, outcome, source="side_effect_equivalence", **kw):
+        t = trial([], tid=tid, outcome=outcome, run_kind="shadow", shadow_of=of, **kw)
+        return _on(dataclasses.replace(t, outcome_source=source), "A")
+
+    reps = [rep("r1", "pa1", "success"), rep("r2", "pa1", "failure"),
+            rep("r3", "pa2", "failure"),                            # repeated the failure: agrees surely
+            rep("r4", "pa2", "success", "posted:user"),             # posted: an independent run, disagrees
+            rep("r5", "pa2", "unknown", None),                      # not known: skipped
+            rep("r6", "pa1", "success", version="2.0"),              # not the incumbent
+            dataclasses.replace(rep("r7", "pa1", "failure"), perturbation_family="fault")]
+    hc = harness_check(reps, prods, runs)
+    # r1, r2: the other runs of A are 2 successes of 4 -> q = 0.5 each; r3: q = 1;
+    # r4: the other runs of pa2 are 3 of 4 successes -> fails with q = 0.25
+    assert (hc.replays, hc.agreeing, hc.conservative) == (4, 2, 0)
+    assert abs(hc.expected - 2.25) < 1e-12
+    # one task: the clustered sum has no degrees of freedom, the Bernoulli floor is
+    # 0.25 + 0.25 + 0 + 0.25·0.75
+    assert abs(hc.variance - 0.6875) < 1e-12
+
+
+def test_leave_one_out_is_unbiased_and_the_pooled_rate_conservative_by_enumeration():
+    """Exact expectations over every production outcome, the replays of production successes all
+    agreeing: (a) one task with n runs of success probability p, every run replayed: E[expected]
+    = n·p² (each replay agrees with probability p; hand: n = 3, p = 0.3 -> 0.27), where the former
+    (c + 2p̄)/(n + 2) was not; (b) single-run tasks of p = 0.2, 0.5, 0.9: the truth is
+    Σ p² = 1.10; the leave-one-out pooled rate gives Σ_j p_j·(Σ_{i≠j} p_i)/2 =
+    (0.2·1.4 + 0.5·1.1 + 0.9·0.7)/2 = 0.73 ≤ 1.10 (conservative)."""
+    import itertools
+
+    from relyscope.shadow.grading import ReplayRecord, expected_agreement
+
+    def mean_expected(ps, tasks):
+        total = 0.0
+        for ys in itertools.product([True, False], repeat=len(ps)):
+            w = 1.0
+            for y, p in zip(ys, ps):
+                w *= p if y else 1 - p
+            runs, recs = {}, []
+            for j, (y, task) in enumerate(zip(ys, tasks)):
+                runs.setdefault(("1", task), {})[f"p{j}"] = y
+                recs.append(ReplayRecord("1", task, f"p{j}", y, True if y else None, certain=not y))
+            total += w * expected_agreement(recs, runs).expected
+        return total
+
+    assert abs(mean_expected([0.3] * 3, ["t"] * 3) - 0.27) < 1e-12
+    assert abs(mean_expected([0.2, 0.5, 0.9], ["a", "b", "c"]) - 0.73) < 1e-12
+
+
+def test_harness_check_pools_tasks_that_ran_once_as_a_lower_bound():
+    """Tasks B1–B4 ran once each (b1, b2, b4 successes, b3 a failure); b1 is replayed twice. A
+    replay's rate is the production outcome of the other such replays (those of other runs):
+    b1's replays 2 of 3 -> 2/3; b2's and b4's 3 of 4 -> 0.75; b3's repeated failure: 1."""
+    from relyscope.shadow.grading import harness_check
+
+    prods = {f"b{i}": _on(trial([], tid=f"b{i}", outcome=o), f"B{i}")
+             for i, o in [(1, "success"), (2, "success"), (3, "failure"), (4, "success")]}
+
+    def rep(tid, of, outcome):
+        t = trial([], tid=tid, outcome=outcome, run_kind="shadow", shadow_of=of)
+        return _on(dataclasses.replace(t, outcome_source="side_effect_equivalence"), prods[of].task_id)
+
+    reps = [rep("r1a", "b1", "success"), rep("r1b", "b1", "success"), rep("r2", "b2", "failure"),
+            rep("r3", "b3", "failure"), rep("r4", "b4", "success")]
+    hc = harness_check(reps, prods, list(prods.values()))
+    assert (hc.replays, hc.agreeing, hc.conservative) == (5, 4, 5)
+    assert abs(hc.expected - (2 / 3 + 2 / 3 + 0.75 + 1 + 0.75)) < 1e-12
+    # the variance is at least the replays' Bernoulli noise 2·(2/9) + 2·0.1875
+    assert hc.variance >= 4 / 9 + 0.375 - 1e-12
+
+
+def test_harness_lower_bound_is_said_in_the_gate_reason():
+    from relyscope.scorers.gate import GatePolicy, GateSide, HarnessStats, evaluate_gate
+
+    t = [trial([], tid="c1", outcome="success", run_kind="shadow")]
+    hs = HarnessStats(replays=72, agreeing=40, expected=60.0, variance=9.0, conservative=72)
+    r = evaluate_gate(GateSide(t), GateSide(t), GatePolicy(), harness=hs)
+    msg = next(x.message for x in r.reasons if x.name == "harness_agreement")
+    assert "for 72 of the replays the expectation is a lower bound" in msg
+    with pytest.raises(ValueError):
+        HarnessStats(replays=3, agreeing=1, conservative=4)
 
 
 def test_harness_noise_is_not_drift_but_a_broken_sandbox_is():
@@ -285,20 +361,13 @@ def test_prompt_variants_equal_to_the_input_are_not_replayed():
     assert any("unchanged" in n for n in notes)
 
 
-def test_harness_rates_shrink_toward_the_pooled_rate():
-    from relyscope.shadow.grading import production_success_rates
-
-    trials = [trial([], tid=f"a{i}", outcome="success") for i in range(4)] + [trial([], tid="b", outcome="failure")]
-    trials = [dataclasses.replace(t, task_id="A" if t.trial_id.startswith("a") else "B") for t in trials]
-    r = production_success_rates(trials)
-    # pooled 4/5 = 0.8; A: (4 + 2·0.8)/(4 + 2) = 0.9333; B: (0 + 1.6)/(1 + 2) = 0.5333
-    assert abs(r["A"] - 5.6 / 6) < 1e-12 and abs(r["B"] - 1.6 / 3) < 1e-12
-
-
 @pytest.mark.parametrize("upper, reasons, line", [
     (0.995, [], "harness ok: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 99.5% ≥ min 90%"),
     (0.85, [{"kind": "experiment", "name": "harness_agreement", "verdict": "error", "message": "drift"}],
      "harness FAILED: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 85.0% < min 90%"),
+    (0.995, [], "harness ok: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 99.5% ≥ min 90% "
+                "(expected is a lower bound for 72 of the replays: their tasks ran once in production, so the check "
+                "is lenient there)"),
 ])
 def test_gate_render_says_the_harness_upper_bound_is_what_is_compared(upper, reasons, line):
     """Bug: `harness agreement 49 of 72 vs ≈54.6 expected (relative 89.8%, upper bound 99.5%, min
@@ -312,6 +381,8 @@ def test_gate_render_says_the_harness_upper_bound_is_what_is_compared(upper, rea
            "mode": "shadow", "shared_tasks": 24, "reasons": reasons, "deltas": {},
            "experiment": {"harness": {"replays": 72, "agreeing": 49, "expected": 54.6, "relative_agreement": 0.898,
                                       "upper_bound": upper, "min": 0.9}}}
+    if "lower bound" in line:  # tasks that ran once in production: said, not hidden
+        res["experiment"]["harness"]["conservative_replays"] = 72
     con = Console(record=True, width=400)
     render_gate(res, con)
     assert line in con.export_text()

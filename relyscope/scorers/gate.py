@@ -263,21 +263,29 @@ class SandboxStats:
 class HarnessStats:
     """Harness check: of the incumbent's ``replays`` nominal replays, ``agreeing`` reproduced the
     outcome of the production run they replay. ``expected``: the agreeing count a faithful sandbox
-    would give an agent that is itself inconsistent — Σ over replays of p_t² + (1 − p_t)², with
-    p_t the incumbent's production success rate on the task (a replay is then another independent
-    draw of the same Bernoulli(p_t)); None = the agent is taken as deterministic (expected =
-    replays). Raises ValueError unless ``0 <= agreeing <= replays`` and ``0 <= expected <= replays``."""
+    would give an agent that is itself inconsistent — Σ over replays of the probability q that a
+    replay, another independent run of its task, agrees (p_t for a production success, 1 for a
+    known failure repeated; estimators in :func:`relyscope.shadow.grading.expected_agreement`);
+    None = the agent is taken as deterministic (expected = replays). ``variance``: the variance of
+    ``agreeing − expected`` under a faithful sandbox (replay noise and the noise of the p_t
+    estimates). ``conservative``: how many replays have a task that ran only once in production —
+    their p_t is not identifiable and ``expected`` uses a lower bound for them, so the check is
+    lenient there (it cannot raise false drift, but it detects less). Raises ValueError unless
+    ``0 <= agreeing <= replays``, ``0 <= expected <= replays`` and ``0 <= conservative <= replays``."""
 
     replays: int
     agreeing: int
     expected: float | None = None
-    variance: float = 0.0  # Σ q(1 − q) of the per-replay agreement probabilities q (sampling noise)
+    variance: float = 0.0  # Var(agreeing − expected) under a faithful sandbox
+    conservative: int = 0
 
     def __post_init__(self) -> None:
         if self.replays < 0 or not 0 <= self.agreeing <= self.replays:
             raise ValueError(f"need 0 <= agreeing <= replays, got {self.agreeing} of {self.replays}")
         if self.expected is not None and not 0 <= self.expected <= self.replays + 1e-9:
             raise ValueError(f"need 0 <= expected <= replays, got {self.expected} of {self.replays}")
+        if not 0 <= self.conservative <= self.replays:
+            raise ValueError(f"need 0 <= conservative <= replays, got {self.conservative} of {self.replays}")
 
     @property
     def agreement(self) -> float:
@@ -792,6 +800,9 @@ def evaluate_gate(
         ))  # fmt: skip
     if harness is not None and harness.replays > 0 and harness.relative_agreement_upper < pol.min_harness_agreement:
         exp = "" if harness.expected is None else f" (a faithful sandbox would give ≈{harness.expected:.1f}, the agent's own consistency)"
+        if harness.conservative:
+            exp += (f"; for {harness.conservative} of the replays the expectation is a lower bound (their tasks ran once "
+                    f"in production: the agent's consistency there is unknown), so the drift is at least this large")
         reasons.append(GateReason(
             "experiment", "harness_agreement", "error",
             f"harness_agreement: {harness.agreeing} of {harness.replays} ({harness.agreement:.1%}) of the incumbent's nominal "

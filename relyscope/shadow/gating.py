@@ -16,16 +16,16 @@ exist) and ``StoreUnavailable`` when the store cannot be read.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from relyscope.model import Trial
 from relyscope.scorers.gate import GatePolicy, GateResult, GateSide, HarnessStats, SandboxStats, evaluate_gate
 from relyscope.scorers.review import policy_for, review_group
-from relyscope.shadow.grading import harness_check, production_success_rates
+from relyscope.shadow.grading import harness_check
 from relyscope.store.shadow import ShadowLedger
 
-__all__ = ["UnknownVersion", "gate_side", "run_gate", "MODES"]
+__all__ = ["UnknownVersion", "gate_side", "run_gate", "harness_stats", "MODES"]
 
 MODES = ("shadow", "canary")
 
@@ -112,12 +112,11 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
         prods = {t.trial_id: t for t in load(trial_ids=prod_ids)} if prod_ids else {}
         incumbent = {p.agent_version for p in prods.values()}
         tasks = {t.task_id for t in replays if t.agent_version in incumbent}
-        rates = production_success_rates(
-            [t for t in load(agent=a, run_kind="production", task_ids=tasks) if t.agent_version in incumbent]
-        ) if tasks else {}
-        hc = harness_check(replays, prods, rates)
-        harness = HarnessStats(replays=hc.replays, agreeing=hc.agreeing, expected=min(hc.expected, hc.replays),
-                               variance=hc.variance) if hc.replays else None
+        # every production run of the incumbent on these tasks: other runs of a task measure the
+        # agent's own consistency there (each replayed run is left out of its own replay's rate)
+        runs = [t for t in load(agent=a, run_kind="production", task_ids=tasks)
+                if t.agent_version in incumbent] if tasks else []
+        harness = harness_stats(replays, prods, runs)
         pending = [r for v in (baseline, candidate)
                    for r in ledger.replays(status=("scheduled", "running"), target_version=v, agent=a,
                                            limit=100_000, since_s=since_s)]
@@ -130,8 +129,21 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
                                      "expected": round(harness.expected, 3),
                                      "relative_agreement": round(harness.relative_agreement, 4),
                                      "upper_bound": round(harness.relative_agreement_upper, 4),
+                                     "conservative_replays": harness.conservative,
                                      "min": policy.min_harness_agreement}
     return evaluate_gate(b_side, c_side, policy, sandbox=sandbox, harness=harness), experiment
+
+
+def harness_stats(replays: Sequence[Trial], productions: Mapping[str, Trial],
+                  production_runs: Sequence[Trial]) -> HarnessStats | None:
+    """The gate's harness figures: :func:`relyscope.shadow.grading.harness_check` over resolved
+    ``replays``, the replayed ``productions`` (trial id → trial) and the incumbent's
+    ``production_runs`` of the replayed tasks; None when no replay counts (not measured)."""
+    hc = harness_check(replays, productions, production_runs)
+    if not hc.replays:
+        return None
+    return HarnessStats(replays=hc.replays, agreeing=hc.agreeing, expected=min(hc.expected, hc.replays),
+                        variance=hc.variance, conservative=hc.conservative)
 
 
 # DateTime64(9), which the store's run times are compared in, ends in 2262
