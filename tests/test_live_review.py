@@ -44,7 +44,8 @@ def varied(seed: int, n: int, start: int = 0) -> list:
     out = []
     for t in traffic(seed, n, start):
         if rng.random() < 0.2:
-            t = dataclasses.replace(t, task_id_source="fingerprint", task_input=f"  refund   order {t.task_id}\n please")
+            t = dataclasses.replace(t, task_id_source="fingerprint",
+                                    task_input=f"  refund   order {t.task_id}\n please")
         if t.perturbation_family == "fault":
             t = dataclasses.replace(t, steps=tuple(
                 dataclasses.replace(s, fault_type="timeout") if s.op is Op.TOOL and rng.random() < 0.5 else s

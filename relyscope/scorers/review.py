@@ -8,6 +8,11 @@ Pure (no I/O). Combines :func:`relyscope.scorers.graders.grade_trial` results in
   attribution breakdown (raw failure rate, valid-agent failure rate, infrastructure- and
   grader-invalid rates, side by side), control-decision rates (§8), claim/outcome mismatches,
   hard-gate failures, and the worst tasks (lowest C_out, most violations) with their trace ids.
+
+The extras are made in two steps: :func:`trial_facts` keeps of each graded trial what the
+sections read (:class:`TrialFacts`), :func:`sections` aggregates them. The live scorer keeps the
+facts of each group's most recently stored trials (relyscope.scoring.stage) and aggregates them
+without reloading or regrading; :func:`review_group` is both in one (the batch path).
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from relyscope.scorers.graders import Grade, control_rates, grade_trial
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.replay_outcome import is_sandbox_miss
 
-__all__ = ["GroupReview", "review_group", "TrialFacts", "trial_facts", "sections", "score_all", "calibration_bins", "policy_for", "score_reviewed",
-           "group_notes", "pass_hat_k_notes"]
+__all__ = ["GroupReview", "review_group", "TrialFacts", "trial_facts", "sections", "score_all",
+           "calibration_bins", "policy_for", "score_reviewed", "group_notes", "pass_hat_k_notes"]
 
 
 @dataclass(frozen=True)
@@ -258,7 +263,8 @@ HOW_TO_GIVE_TASK_IDS = ("set relyscope.task.id on the run's root span (agent_run
                         "with relyscope.instrumentation.BaggageSpanProcessor)")
 
 
-def group_notes(trials: Sequence[Trial] | Sequence[TrialFacts], outcomes: collections.Counter | None = None) -> list[str]:
+def group_notes(trials: Sequence[Trial] | Sequence[TrialFacts],
+                outcomes: collections.Counter | None = None) -> list[str]:
     """Plain-language notes about missing data in one group: no outcomes at all, every trial its
     own task (no multi-trial metric can exist). Each says how to provide what is missing."""
     notes = []
