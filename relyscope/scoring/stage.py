@@ -14,19 +14,24 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import heapq
 import logging
+import marshal
 import math
 import re
+import struct
 import threading
 import time
 from typing import Callable
 
 from relyscope.config import Settings
 from relyscope.model import Trial
+from relyscope.scorers.graders import grade_trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.profile import GroupScore
-from relyscope.scorers.review import GroupReview, policy_for, review_group, score_reviewed
+from relyscope.scorers.review import (GroupReview, TrialFacts, policy_for, review_group, score_reviewed,
+                                      sections, trial_facts)
 from relyscope.scoring.rollup import Rollup, window_start
 from relyscope.shadow.grading import resolve_replays
 from relyscope.scoring.drift import drift as drift_of
@@ -109,6 +114,11 @@ class ScoreStage:
         self._changed: set[GroupKey] = set()  # changed in the rollup, not yet rescored
         self._undecided: collections.OrderedDict[str, Trial] = collections.OrderedDict()
         self._reviewed_at: dict[GroupKey, float] = {}
+        #: trials behind a live group's report sections (the most recently stored), and the facts
+        #: kept of them per group (:class:`_RecentFacts`, updated by every sync)
+        self.review_recent = _REVIEW_RECENT
+        self._facts: dict[GroupKey, _RecentFacts] = {}
+        self._facts_gen = 0
         self._admitted: set[tuple[str, str]] = set()  # (agent, version) label sets scored as such
         #: run kind → (agent, version) label sets folded into 'other' by the cardinality cap
         self.folded: dict[str, int] = {}
@@ -349,6 +359,7 @@ class ScoreStage:
         finally:
             self._rows += ru.rows
             ru.rows = []
+            self._drain_facts(ru)
         for t in ru.undecided:
             self._undecided[t.trial_id] = t
             self._undecided.move_to_end(t.trial_id)
@@ -552,6 +563,7 @@ class ScoreStage:
             key=lambda g: (g in self._extras, self._reviewed_at.get(g, 0.0)))
         if not all_groups:
             now_due = [g for g in now_due if g not in self._extras] or now_due[:1]
+        self._forget_facts(plan)
         for g in now_due:
             self._extras[g] = self._review(g, now)
             self._reviewed_at[g] = now
@@ -617,17 +629,75 @@ class ScoreStage:
 
     def _review(self, g: GroupKey, now: float) -> dict:
         """Report sections beyond the metrics (violations, attribution, control rates, worst
-        tasks) from the group's most recently stored trials (``_REVIEW_RECENT``; offline imports:
-        all of them) — bounded
-        by the traffic, not the history; refreshed at most every ``_REVIEW_EVERY_S`` per group.
-        (Per-trial grades are stored by the rollup as trials change.)"""
+        tasks) from the group's ``review_recent`` (5 000) most recently stored trials (offline
+        imports: all of them) — bounded by the traffic, not the history; refreshed at most every
+        ``_REVIEW_EVERY_S`` per group. A live group's come from the facts kept in memory
+        (:class:`_RecentFacts`: filled from the store on first use, then updated by each sync
+        from the trials it re-resolved and graded), so a refresh costs the aggregation of
+        ``review_recent`` small records, not a reload and regrade of the trials. Equal to
+        :func:`relyscope.scorers.review.review_group` of
+        ``Store.load_trials(most_recent=review_recent)`` resolved (tests/test_live_review.py)."""
         # the most recent runs stored, not the last hour by timestamp: backfilled or skewed runs
         # (old timestamps) must not vanish from the report's sections
-        recent = None if g[2] == "offline" else _REVIEW_RECENT
-        trials = self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2],
-                                        **({} if recent is None else {"most_recent": recent}))
-        trials = self.rollup().resolve(trials)
-        return review_group(trials, policy_for(self.policy, g[0])).extras
+        if g[2] == "offline":
+            trials = self.rollup().resolve(self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2]))
+            return review_group(trials, policy_for(self.policy, g[0])).extras
+        ru = self.rollup()
+        if ru.generation != self._facts_gen:
+            self._facts.clear()
+            self._facts_gen = ru.generation
+        rec = self._facts.get(g)
+        if rec is None or rec.short(self.review_recent):
+            rec = self._facts[g] = self._load_facts(g)
+            ru.graded[g] = []
+        return sections(rec.top(self.review_recent))
+
+    def _load_facts(self, g: GroupKey) -> "_RecentFacts":
+        """The facts of ``g``'s ``review_recent`` + 10 % most recently stored trials, from the
+        store (what ``Store.load_trials(most_recent=…)`` selects: latest row per trial, no
+        tombstones, by ``version_ns``), resolved and graded as the rollup's sync does."""
+        n = self.review_recent + _slack(self.review_recent)
+        vers = {r[0]: int(r[1]) for r in self.store.query(
+            "SELECT trial_id, version_ns FROM {db}.trials FINAL WHERE agent = %(a)s AND version = %(v)s "
+            "AND run_kind = %(k)s AND status != 'superseded' ORDER BY version_ns DESC LIMIT %(n)s",
+            {"a": g[0], "v": g[1], "k": g[2], "n": n})}
+        rec = _RecentFacts(complete=len(vers) < n)
+        if not vers:
+            return rec
+        loaded = [t for t in self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2], trial_ids=vers)
+                  if t.trial_id in vers]
+        pol = policy_for(self.policy, g[0])
+        resolved = {t.trial_id: t for t in self.rollup().resolve(loaded)}
+        for t in loaded:  # a trial re-finalized since the first read: its next sync re-puts it
+            r = resolved.get(t.trial_id)
+            rec.put(t.trial_id, vers[t.trial_id], trial_facts(r, grade_trial(r, pol)) if r is not None else None)
+        return rec
+
+    def _drain_facts(self, ru: Rollup) -> None:
+        """Fold what the last sync graded (:attr:`Rollup.graded`) into the kept facts."""
+        if ru.generation != self._facts_gen:  # rebuilt: every group reloads on its next review
+            self._facts.clear()
+            self._facts_gen = ru.generation
+        cap = self.review_recent + _slack(self.review_recent)
+        for g, events in list(ru.graded.items()):
+            rec = self._facts.get(g)
+            if rec is None:
+                del ru.graded[g]
+                continue
+            if events:
+                ru.graded[g] = []
+                for tid, vns, facts in events:
+                    if vns == 0:
+                        rec.drop(tid)
+                    else:
+                        rec.put(tid, vns, facts)
+                rec.trim(cap)
+
+    def _forget_facts(self, plan: dict) -> None:
+        """Drop the kept facts of groups gone or pooled into 'other' (not reviewed as such)."""
+        for g in [g for g in self._facts if plan.get(g, ()) is not None]:
+            del self._facts[g]
+            self.rollup().graded.pop(g, None)
 
     def _rescore(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
         with self._score_lock:
@@ -671,6 +741,87 @@ class ScoreStage:
         except StoreUnavailable as e:
             self._on_store_error(e)
         return dict(self.scores)
+
+
+def _slack(n: int) -> int:
+    """Facts kept beyond the ``n`` reviewed: retractions (re-keyed, tombstoned trials) eat into it
+    before a group must reload from the store."""
+    return max(16, n // 10)
+
+
+class _RecentFacts:
+    """The :class:`TrialFacts` of one live group's most recently stored trials: trial id → a
+    packed record (:func:`_pack`: ``version_ns`` of the trial's latest stored row, then its
+    facts, or none for a stored trial the outcome resolution leaves out). Invariant: it holds
+    every stored trial of the group whose version is above ``floor`` (``complete``: every one),
+    so its ``n`` highest versions are the group's ``n`` most recently stored trials while at
+    least ``n`` are held (:meth:`short` says when not). Memory: :meth:`trim` keeps at most ``n``
+    + :func:`_slack` records, ~250 B each (bench/bench_review_facts.py)."""
+
+    __slots__ = ("items", "floor", "complete")
+
+    def __init__(self, *, complete: bool) -> None:
+        self.items: dict[str, bytes] = {}
+        self.floor = 0
+        self.complete = complete
+
+    def put(self, tid: str, vns: int | None, facts: TrialFacts | None) -> None:
+        """``vns`` None: the trial's stored row did not change (only its outcome): updated if
+        held, else it is below the kept range (ignored)."""
+        cur = self.items.get(tid)
+        if cur is None and (vns is None or (not self.complete and vns <= self.floor)):
+            return
+        self.items[tid] = _pack(max(vns or 0, _VER.unpack_from(cur)[0] if cur else 0), facts)
+
+    def drop(self, tid: str) -> None:
+        self.items.pop(tid, None)
+
+    def trim(self, cap: int) -> None:
+        if len(self.items) <= cap:
+            return
+        order = sorted(self.items, key=lambda tid: _VER.unpack_from(self.items[tid])[0], reverse=True)
+        for tid in order[cap:]:
+            self.floor = max(self.floor, _VER.unpack_from(self.items.pop(tid))[0])
+        self.complete = False
+
+    def short(self, n: int) -> bool:
+        """Fewer than ``n`` held although older trials exist: reload."""
+        return not self.complete and len(self.items) < n
+
+    def top(self, n: int) -> list[TrialFacts]:
+        """Facts of the ``n`` most recently stored trials, by trial id (the store's order)."""
+        tids = list(self.items)
+        if len(tids) > n:
+            tids = heapq.nlargest(n, tids, key=lambda tid: _VER.unpack_from(self.items[tid])[0])
+        out = []
+        for tid in sorted(tids):
+            f = _unpack(tid, self.items[tid])
+            if f is not None:
+                out.append(f)
+        return out
+
+
+_VER = struct.Struct(">Q")
+assert TrialFacts._fields[:2] == ("trial_id", "trace_id")
+
+
+def _pack(vns: int, facts: TrialFacts | None) -> bytes:
+    """``vns`` (8 bytes) + the facts' fields but the trial id (the map's key) as a ``marshal``
+    tuple; the trace id as its length when the trial id starts with it (the trajectory builder's
+    ``<trace id>:<root span id>``). ~2.5× smaller than the object with its strings."""
+    if facts is None:
+        return _VER.pack(vns)
+    trace = facts.trace_id
+    return _VER.pack(vns) + marshal.dumps(
+        (len(trace) if facts.trial_id.startswith(trace) else trace,
+         *facts[2:]))
+
+
+def _unpack(tid: str, blob: bytes) -> TrialFacts | None:
+    if len(blob) == _VER.size:
+        return None
+    v = marshal.loads(memoryview(blob)[_VER.size:])
+    return TrialFacts(tid, tid[:v[0]] if isinstance(v[0], int) else v[0], *v[1:])
 
 
 def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int) -> GroupScore:
