@@ -219,3 +219,47 @@ def test_background_ci_refreshes_are_published_by_the_next_cycle(chdb_path):
     finally:
         stage.close()
         store.close()
+
+
+def test_a_window_ci_is_refreshed_once_enough_of_its_trials_changed(chdb_path):
+    """RELYSCOPE_SCORE_CI_MIN_CHANGE (5 %): past the interval, a window's CI is recomputed only
+    once ≥ 5 % of its trials (at the last refresh) were added, re-graded or slid out — 2 new
+    trials in 100 are not enough, 6 more are — or once it is RELYSCOPE_SCORE_CI_MAX_AGE_S old."""
+    store = Store(f"chdb://{chdb_path}", database="c" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(11)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{7000 + i:032x}", trial_id=f"c{i}")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 100))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_background=False,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    try:
+        stage.rescore(all_groups=True)
+        g, key = ("a", "1.0", "production"), (("a", "1.0", "production"), "all")
+        at = stage._ci_at[key]
+        time.sleep(0.01)
+        store.insert_trials(batch(100, 102))  # 2 of 100: below 5 %
+        stage.rescore()
+        assert stage._ci_at[key] == at and stage.window_scores["all"][g].trials == 102
+        time.sleep(0.01)
+        store.insert_trials(batch(102, 108))  # 8 of 100 since the refresh
+        stage.rescore()
+        assert stage._ci_at[key] > at
+        at = stage._ci_at[key]
+        time.sleep(0.01)
+        store.insert_trials(batch(108, 109))
+        stage.rescore()
+        assert stage._ci_at[key] == at
+        stage.settings = settings.model_copy(update={"score_ci_max_age_s": 0.001})
+        time.sleep(0.01)
+        store.insert_trials(batch(109, 110))
+        stage.rescore()
+        assert stage._ci_at[key] > at
+    finally:
+        stage.close()
+        store.close()

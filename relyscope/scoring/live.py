@@ -87,6 +87,9 @@ class WindowState:
     #: cleared by the sample's changes and by the window sliding)
     tj: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     tj_ok: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    #: trials added or removed so far (Σ |n_all| of every add and subtraction: a re-graded trial
+    #: counts twice), what the stage's CI refresh rule measures change by
+    churn: int = 0
 
     def _rows_for(self, tasks: list[str]) -> np.ndarray:
         out = np.empty(len(tasks), np.int64)
@@ -123,6 +126,7 @@ class WindowState:
         if sign < 0:
             ints, flts = -ints, -flts
         np.add.at(self.ints, rows, ints)
+        self.churn += int(np.abs(ints[:, _N_ALL]).sum())
         np.add.at(self.flts, rows, flts)
         self.cres_ok[rows] = False
         big = sums[:, _BIG]
@@ -144,6 +148,10 @@ class WindowState:
         r = self.ids.get(task)
         if r is not None:
             self.tj_ok[r] = False
+
+    def trials(self) -> int:
+        """Trials in the window now (Σ n_all)."""
+        return int(self.ints[: len(self.tasks), _N_ALL].sum())
 
     def live_rows(self) -> tuple[list[str], np.ndarray]:
         """Task ids (sorted) with a trial (n_all != 0) and their row numbers."""

@@ -140,6 +140,8 @@ class ScoreStage:
         self._ci_scores: dict[tuple[GroupKey, str], GroupScore] = {}  # ... → the score with those CIs
         self._ci_credit = 0.0
         self._ci_clock = 0.0
+        #: (group, window) → (the window's churn, its trials) when its CI was last computed
+        self._ci_churn: dict[tuple[GroupKey, str], tuple[int, int]] = {}
         #: background CI / drift refreshes (``score_ci_background``): key → (future, started at,
         #: window start)
         self._ci_jobs: dict = {}
@@ -377,8 +379,8 @@ class ScoreStage:
         if all_groups or interval <= 0:
             return set(cands)
         out = {k for k in cands if k not in self._ci_at}
-        due = sorted((k for k in cands if k in self._ci_at and now - self._ci_at[k] >= interval),
-                     key=lambda k: self._ci_at[k])
+        due = sorted((k for k in cands if k in self._ci_at and now - self._ci_at[k] >= interval
+                      and self._changed_enough(k, now)), key=lambda k: self._ci_at[k])
         dt = max(0.0, now - self._ci_clock) if self._ci_clock else self.settings.score_interval_s
         self._ci_clock = now
         n_items = len(set(self._ci_at) | set(cands))
@@ -386,6 +388,27 @@ class ScoreStage:
         take = min(len(due), int(self._ci_credit))
         self._ci_credit -= take
         return out | set(due[:take])
+
+    def _note_ci(self, key: tuple[GroupKey, str]) -> None:
+        live = self._live
+        if live is not None and live.loaded(key[0]) and key[1] in live._win[key[0]]:
+            ws = live.window(*key)
+            self._ci_churn[key] = (ws.churn, ws.trials())
+
+    def _changed_enough(self, key: tuple[GroupKey, str], now: float) -> bool:
+        """Whether a window whose CI is ``score_ci_interval_s`` old is due: at least
+        ``score_ci_min_change`` of its trials (at the last refresh) changed since, or the CI is
+        ``score_ci_max_age_s`` old. Drift, pooled 'other' groups and windows not in memory: yes."""
+        then = self._ci_churn.get(key)
+        live = self._live
+        if key[1] == "drift" or then is None or live is None or not live.loaded(key[0]) \
+                or key[1] not in live._win[key[0]]:
+            return True
+        churn = live.window(*key).churn
+        if churn < then[0]:  # reloaded since: no record of what changed
+            return True
+        return (churn - then[0] >= self.settings.score_ci_min_change * max(then[1], 1)
+                or now - self._ci_at[key] >= self.settings.score_ci_max_age_s)
 
     def _check_some(self, live: LiveStats, groups: set[GroupKey], now: float) -> None:
         """The periodic consistency check: compare the stalest in-memory windows with the
@@ -504,6 +527,7 @@ class ScoreStage:
                 # on the CI thread: a long window reads ClickHouse there; a minute-level one is
                 # bootstrapped from a copy of its memory taken now
                 if key not in self._ci_jobs:
+                    self._note_ci(key)
                     snap = None if live.window(g, name).pooled else live.stats(g, name)
                     self._ci_jobs[key] = (self._ci_pool.submit(self._ci_window_job, g, length, since, snap, measured),
                                           now, since)
@@ -520,6 +544,7 @@ class ScoreStage:
             if full or members is not None:
                 gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
                 self._ci_at[key] = now
+                self._note_ci(key)
                 self._ci_dirty.discard(key)
                 self._ci_scores[key] = gs
             else:
