@@ -61,6 +61,7 @@ def _OTHER(run_kind: str) -> GroupKey:
 _MAX_DEFER = 5  # scorer cycles a backlogged worker may postpone in a row (ScoreStage.__init__)
 _REVIEW_EVERY_S = 60.0  # report sections of a changing group are recomputed at most this often
 _REVIEW_RECENT = 5000  # trials (the most recently stored) behind the report sections of a live group
+_FILL_PAGE = 1000  # trials per read when the kept report facts of a group are filled
 
 
 class ScoreStage:
@@ -689,13 +690,20 @@ class ScoreStage:
         rec = _RecentFacts(complete=len(vers) < n)
         if not vers:
             return rec
-        loaded = [t for t in self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2], trial_ids=vers)
-                  if t.trial_id in vers]
         pol = policy_for(self.policy, g[0])
-        resolved = {t.trial_id: t for t in self.rollup().resolve(loaded)}
-        for t in loaded:  # a trial re-finalized since the first read: its next sync re-puts it
-            r = resolved.get(t.trial_id)
-            rec.put(t.trial_id, vers[t.trial_id], trial_facts(r, grade_trial(r, pol)) if r is not None else None)
+        # in pages (whole trials, steps included, are transient), and packed only once every page
+        # is read: kept records allocated between transient ones would pin the heap's pages
+        ids, got = sorted(vers), []
+        for i in range(0, len(ids), _FILL_PAGE):
+            loaded = [t for t in self.store.load_trials(agent=g[0], version=g[1], run_kind=g[2],
+                                                        trial_ids=ids[i:i + _FILL_PAGE]) if t.trial_id in vers]
+            resolved = {t.trial_id: t for t in self.rollup().resolve(loaded)}
+            # a trial re-finalized since the first read: its next sync re-puts it
+            got += [(t.trial_id, trial_facts(r, grade_trial(r, pol)) if (r := resolved.get(t.trial_id)) else None)
+                    for t in loaded]
+            del loaded, resolved
+        for tid, facts in got:
+            rec.put(tid, vers[tid], facts)
         return rec
 
     def _drain_facts(self, ru: Rollup) -> None:
