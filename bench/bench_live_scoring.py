@@ -104,7 +104,12 @@ def main() -> None:
                          "so the CI refreshes of long windows are spread as in a sidecar with this score interval)")
     ap.add_argument("--ci-interval", type=float, default=None, help="RELYSCOPE_SCORE_CI_INTERVAL_S (default: the setting's)")
     ap.add_argument("--ci-every-cycle", default=None, help="RELYSCOPE_SCORE_CI_EVERY_CYCLE (default: the setting's)")
+    ap.add_argument("--real-interval", type=float, default=0.0,
+                    help="start cycles this many real seconds apart (default 0: back to back), so the background CI "
+                         "thread (RELYSCOPE_SCORE_CI_BACKGROUND) gets the idle time it has in a sidecar")
+    ap.add_argument("--ci-background", default=None, help="RELYSCOPE_SCORE_CI_BACKGROUND (default: the setting's)")
     ap.add_argument("--profile", action="store_true", help="cProfile the cycles; print the top functions")
+    ap.add_argument("--profile-sort", default="cumulative", help="pstats sort key of --profile (e.g. tottime)")
 
     ap.add_argument("--data", default=None, help="use this already seeded directory (from --seed-only) instead of seeding")
     ap.add_argument("--seed-only", default=None, help="seed a store in this directory and exit")
@@ -128,17 +133,23 @@ def main() -> None:
         tmp = tempfile.mkdtemp(prefix="bench-live-")
         subprocess.run([sys.executable, __file__, "--seed-only", tmp, "--stored", str(args.stored), "--groups",
                         str(args.groups), "--tasks", str(args.tasks)], check=True)
+    from relyscope import memory
+
+    memory.set_arena_max(Settings().malloc_arena_max)  # as the sidecar starts (relyscope.sidecar)
     store = Store(f"chdb://{tmp}/data")
-    extra = {k: v for k, v in (("score_ci_interval_s", args.ci_interval), ("score_ci_every_cycle", args.ci_every_cycle))
-             if v is not None}
+    extra = {k: v for k, v in (("score_ci_interval_s", args.ci_interval), ("score_ci_every_cycle", args.ci_every_cycle),
+                               ("score_ci_background", args.ci_background)) if v is not None}
     settings = Settings(n_boot=args.n_boot, store=f"chdb://{tmp}/data", score_interval_s=args.interval, **extra)
     clock = _Clock()
     stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
+    stored = store.query("SELECT count() FROM {db}.trials")[0][0]  # also a reused store's extra trials
+    memory.trim()
     idle = rss_mib()
     t0 = time.perf_counter()
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
+    memory.trim()
     loaded = rss_mib()
     print(f"store {tmp}: first full cycle (load every window, every CI) "
           f"{first_s:.1f} s; RSS idle {idle:.0f} MiB, after it {loaded:.0f} MiB; settings: ci_interval "
@@ -153,7 +164,10 @@ def main() -> None:
 
         prof = cProfile.Profile()
         prof.enable()
+    started = time.perf_counter()
     for c in range(args.cycles):
+        if args.real_interval:
+            time.sleep(max(0.0, started + c * args.real_interval - time.perf_counter()))
         clock.offset += args.interval
         new = [make_trial(rng, base + c * args.new + i, task=f"task{rng.randrange(args.tasks)}",
                           end_ns=int(clock.time() * 1e9) - rng.randrange(0, 60 * 10**9),
@@ -166,19 +180,22 @@ def main() -> None:
         t0 = time.perf_counter()
         stage.rescore()
         score_s = time.perf_counter() - t0
+        memory.trim()  # the sidecar's Trimmer does this every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s)
         rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes))
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
-              f"({stage.last_refreshes} long-window/drift CI refreshes), "
+              f"({stage.last_refreshes} CI/drift refreshes due; background: {stage.last_background[0]} published, "
+              f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending), "
               f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
     if prof is not None:
         import pstats
 
         prof.disable()
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(prof).sort_stats(args.profile_sort).print_stats(40)
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     cyc = [r[0] + r[1] for r in rows]
-    print(f"| {args.stored:,} | {args.groups} | {args.tasks:,} | {args.new} | {args.n_boot} | {med([r[0] for r in rows]):.2f} s | "
+    stage.close()
+    print(f"| {stored:,} | {args.groups} | {args.tasks:,} | {args.new} | {args.n_boot} | {med([r[0] for r in rows]):.2f} s | "
           f"{med([r[1] for r in rows]):.2f} s | {med(cyc):.2f} s (max {max(cyc):.2f}) | "
           f"+{max(r[2] for r in rows) - idle:.0f} MiB | {stage.live().mismatches} |")
 

@@ -81,6 +81,18 @@ class Settings(BaseSettings):
         300.0, ge=0, description="CI refresh cadence of the other windows (by default all of them) and of drift, "
         "per (group, window), spread over the cycles; their point estimates are recomputed every cycle and "
         "published with the CI of the last refresh (0: every cycle)")
+    score_ci_min_change: float = Field(
+        0.05, ge=0, le=1, description="a window's CI is refreshed (at most every score_ci_interval_s) once at "
+        "least this fraction of its trials changed since the last refresh — added, re-graded or slid out — or "
+        "once it is score_ci_max_age_s old; 0: whenever the interval has passed. Drift refreshes every interval")
+    score_ci_max_age_s: float = Field(
+        3600.0, gt=0, description="the oldest a window's CI gets while its trials change less than "
+        "score_ci_min_change")
+    score_ci_background: bool = Field(
+        True, description="the periodic CI and drift refreshes (bootstrap B = n_boot, long windows read from "
+        "ClickHouse) run on a background thread, published by the first cycle after they finish, so a scoring "
+        "cycle (point estimates, gauges) never waits for them; false: inside the cycle (start, flush and a posted "
+        "outcome always refresh inside it)")
     live_check_interval_s: float = Field(
         3600.0, gt=0, description="each in-memory window's per-task statistics are compared with the ClickHouse "
         "rollups (and reloaded on a difference) at least this often, spread over the cycles")

@@ -38,7 +38,6 @@ than the whole spool) are raised to the receivers, which map them to OTLP status
 from __future__ import annotations
 
 import collections
-import functools
 import gc
 import json
 import logging
@@ -48,18 +47,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from relyscope.collector import fastpath, redaction
+from relyscope.collector import fastpath
+from relyscope.collector.decoding import ingest_setup
 from relyscope.collector.normalize import normalize
 from relyscope.collector.otlp import (
     DecodeResult,
-    Limits,
     OTLPRequestError,
     Validation,
     decode_http,
     validate_http,
 )
 from relyscope.collector.otlp import _decompress as decompress  # TODO: public name
-from relyscope.collector.records import TAG_JSON, TAG_PROTO, decode_spool_record
+from relyscope.collector.records import TAG_JSON, TAG_PROTO
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
 from relyscope.decode_pool import DecodePool, OrderedPrefetch
@@ -143,17 +142,15 @@ class Pipeline:
         self.clock = clock
         # fail fast on a bad policy file (PolicyError names the file and field)
         self.policy: Policy | None = load_policy(settings.policy_file) if settings.policy_file else None
-        self.limits = Limits(max_body_bytes=settings.max_body_bytes,
-                             max_attributes=settings.max_attributes,
-                             max_attribute_length=settings.max_attribute_length)
-        self.redactor = redaction.Redactor(settings.redact_deny, settings.redact_patterns)
+        # limits, redaction and decode path: built where `relyscope score` builds them too
+        setup = ingest_setup(settings)
+        self.limits = setup.limits
+        self.redactor = setup.redactor
         # the hot path (relyscope.collector.fastpath) or the reference it is tested against
-        self._fast = settings.ingest_decoder == "fast"
+        self._fast = setup.fast
         # how a spool record is decoded: picklable, so decode_workers > 1 runs it in processes
         # (fast: redacted, normalized and laid out as insert columns there too)
-        self._decode_fn: Callable[[bytes], DecodeResult] = (
-            functools.partial(fastpath.decode_record, limits=self.limits, redactor=self.redactor)
-            if self._fast else functools.partial(decode_spool_record, limits=self.limits))
+        self._decode_fn: Callable[[bytes], DecodeResult] = setup.decode_record
         self._prefetch: OrderedPrefetch | None = None  # set by start() when decode_workers > 1
         self.inflight = InflightBudget(settings.max_inflight_bytes)  # shared by both receivers
         spool_dir = settings.spool_dir or default_spool_dir(store.dsn)

@@ -180,3 +180,86 @@ def test_stage_publishes_points_every_cycle_and_long_cis_on_cadence(chdb_path):
     batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
     assert_same(batch, stage.window_scores["all"][g])
     store.close()
+
+
+def test_background_ci_refreshes_are_published_by_the_next_cycle(chdb_path):
+    """RELYSCOPE_SCORE_CI_BACKGROUND (default): a due refresh runs on the CI thread, and a later
+    cycle publishes it — the long windows' CIs then equal the batch scorer's on the same trials
+    (same B, same seed), drift is computed, and the primary window's scores row is written."""
+    store = Store(f"chdb://{chdb_path}", database="b" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(9)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", perturbation_family=None, outcome="success" if i % 3 else "failure")
+            for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, store=f"chdb://{chdb_path}")
+    assert settings.score_ci_background
+    stage = ScoreStage(settings, store, None)
+    try:
+        stage.rescore(all_groups=True)
+        g = ("a", "1.0", "production")
+        extra = [dataclasses.replace(base[0], trial_id=f"x{i}", trace_id=f"{9100 + i:032x}", outcome="failure",
+                                     end_ns=int((now_s - 5) * 1e9)) for i in range(6)]
+        store.insert_trials(extra)
+        stage.settings = settings.model_copy(update={"score_ci_interval_s": 0.0})  # every changed CI due now
+        stage.rescore()
+        assert {k for k in stage._ci_jobs} >= {(g, "all"), (g, "24h"), (g, "drift")}
+        for fut, _, _ in list(stage._ci_jobs.values()):
+            fut.result(timeout=60)
+        stage.rescore()  # publishes them
+        assert stage.last_background[0] >= 3
+        trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+        batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+        for w in ("24h", "7d", "all"):  # every trial ended within the last 2 minutes
+            assert_same(batch, stage.window_scores[w][g])
+        assert g in stage.drift and "success_rate" in stage.drift[g]
+        rows = store.query("SELECT count() FROM {db}.scores WHERE agent = 'a' AND n_boot = %(b)s", {"b": N_BOOT})
+        assert rows[0][0] > 0
+    finally:
+        stage.close()
+        store.close()
+
+
+def test_a_window_ci_is_refreshed_once_enough_of_its_trials_changed(chdb_path):
+    """RELYSCOPE_SCORE_CI_MIN_CHANGE (5 %): past the interval, a window's CI is recomputed only
+    once ≥ 5 % of its trials (at the last refresh) were added, re-graded or slid out — 2 new
+    trials in 100 are not enough, 6 more are — or once it is RELYSCOPE_SCORE_CI_MAX_AGE_S old."""
+    store = Store(f"chdb://{chdb_path}", database="c" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(11)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{7000 + i:032x}", trial_id=f"c{i}")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 100))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_background=False,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    try:
+        stage.rescore(all_groups=True)
+        g, key = ("a", "1.0", "production"), (("a", "1.0", "production"), "all")
+        at = stage._ci_at[key]
+        time.sleep(0.01)
+        store.insert_trials(batch(100, 102))  # 2 of 100: below 5 %
+        stage.rescore()
+        assert stage._ci_at[key] == at and stage.window_scores["all"][g].trials == 102
+        time.sleep(0.01)
+        store.insert_trials(batch(102, 108))  # 8 of 100 since the refresh
+        stage.rescore()
+        assert stage._ci_at[key] > at
+        at = stage._ci_at[key]
+        time.sleep(0.01)
+        store.insert_trials(batch(108, 109))
+        stage.rescore()
+        assert stage._ci_at[key] == at
+        stage.settings = settings.model_copy(update={"score_ci_max_age_s": 0.001})
+        time.sleep(0.01)
+        store.insert_trials(batch(109, 110))
+        stage.rescore()
+        assert stage._ci_at[key] > at
+    finally:
+        stage.close()
+        store.close()

@@ -365,22 +365,38 @@ def score(
     format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
     n_boot: int = typer.Option(2000, min=0, help="bootstrap resamples (0: no CIs)"),
     policy: Optional[Path] = typer.Option(None, "--policy", exists=True, help="safety policy YAML"),
+    keep_store: Optional[Path] = typer.Option(None, "--keep-store", file_okay=False,
+                                              help="write the embedded store into this new (or empty) directory "
+                                              "and keep it, to inspect what was stored (default: a temporary one)"),
 ) -> None:
-    """Score OTLP/JSON files offline: temporary embedded store, every trial finalized at end of input.
-    Decoded as the sidecar decodes: RELYSCOPE_INGEST_DECODER (fast, the default, or legacy)."""
+    """Score OTLP/JSON files offline: embedded store, every trial finalized at end of input.
+    Each request is decoded, limited and redacted as the sidecar does it (one construction,
+    relyscope.collector.decoding.ingest_setup): RELYSCOPE_INGEST_DECODER (fast, the default, or
+    legacy), RELYSCOPE_MAX_BODY_BYTES / MAX_ATTRIBUTES / MAX_ATTRIBUTE_LENGTH, RELYSCOPE_REDACT_DENY /
+    REDACT_PATTERNS. What the sidecar would report back (rejected spans, repairs) and how many spans
+    were redacted is printed on stderr."""
+
     from relyscope.collector import fastpath
+    from relyscope.collector.decoding import ingest_setup
     from relyscope.collector.normalize import normalize
-    from relyscope.collector.otlp import OTLPRequestError, decode_json
+    from relyscope.collector.otlp import DecodeResult, OTLPRequestError, decode_http
     from relyscope.store import Store
     from relyscope.trajectory import TrajectoryBuilder
 
-    # the sidecar's selection (relyscope.pipeline): the hot path, or the oracle it is tested against
-    fast = _settings().ingest_decoder == "fast"
-    tmp = tempfile.mkdtemp(prefix="relyscope-score-")
+    settings = _settings()
+    setup = ingest_setup(settings)  # the sidecar's limits, redactor and decode path (relyscope.pipeline)
+    if keep_store is not None and keep_store.exists() and any(keep_store.iterdir()):
+        err.print(f"[red]--keep-store {keep_store}: not empty (give a new or empty directory)[/red]")
+        raise typer.Exit(2)
+    tmp = tempfile.mkdtemp(prefix="relyscope-score-") if keep_store is None else None
+    data_dir = f"{tmp}/data" if tmp else str(keep_store.resolve())
     builder = TrajectoryBuilder(grace_s=0, root_timeout_s=1e12)
-    rejected = 0
+    # summed over the requests: what the sidecar answers in OTLP partial success (rejected spans,
+    # their reasons, the repairs of accepted spans) and the spans the redaction policy changed
+    tally = DecodeResult()
+    stored = redacted = 0
     try:
-        st = Store(f"chdb://{tmp}/data")
+        st = Store(f"chdb://{data_dir}")
         bodies = []  # (file, line number or None, body)
         for f in files:
             text = f.read_bytes()
@@ -396,19 +412,27 @@ def score(
             task = prog.add_task("ingesting", total=len(bodies))
             for f, line, body in bodies:
                 try:
-                    res = decode_json(body)
+                    res = decode_http(body, "application/json", None, setup.limits)
                 except OTLPRequestError as e:
                     where = f"{f}:{line}" if line else str(f)
                     err.print(f"[red]{where}: {e.message}[/red]")
                     raise typer.Exit(1) from None
-                rejected += res.rejected
-                if fast:  # normalized and laid out as insert columns (no redaction: offline files)
-                    fastpath.prepare(res)
+                tally.rejected += res.rejected
+                tally.errors += res.errors
+                tally.rejected_by_reason.update(res.rejected_by_reason)
+                tally.repaired.update(res.repaired)
+                tally.attributes_dropped += res.attributes_dropped
+                if setup.fast:  # redacted, normalized and laid out as insert columns
+                    fastpath.prepare(res, setup.redactor)
                     st.insert_span_columns(res.columns)
-                    builder.add(zip(res.spans, res.semantics), 0.0)
-                else:
-                    st.insert_spans(res.spans)
-                    builder.add(((s, normalize(s)) for s in res.spans), 0.0)
+                    spans = res.spans
+                    builder.add(zip(spans, res.semantics), 0.0)
+                else:  # the oracle: redact, row insert, normalize the redacted spans
+                    spans = [setup.redactor.apply(s) for s in res.spans]
+                    st.insert_spans(spans)
+                    builder.add(((s, normalize(s)) for s in spans), 0.0)
+                stored += len(spans)
+                redacted += sum(1 for s in spans if "redacted" in s.flags)
                 prog.advance(task)
         from relyscope.scorers.outcomes import apply_outcomes
 
@@ -416,10 +440,29 @@ def score(
         trials = apply_outcomes(st.load_trials(), {})
         st.close()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if rejected:
-        err.print(f"[yellow]{rejected} spans rejected[/yellow]")
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _print_ingest_summary(stored, tally, redacted, settings)
     _print_report(_score_trials(trials, n_boot, str(policy) if policy else None), format)
+
+
+def _print_ingest_summary(stored: int, tally, redacted: int, settings) -> None:
+    """stderr lines of ``relyscope score``: spans rejected (by reason), the repairs made to stored
+    ones (the sidecar's partial-success message, summed over the requests) and the spans the
+    redaction policy changed. Nothing when nothing was lost, altered or redacted."""
+    from rich.markup import escape
+
+    if tally.rejected:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(tally.rejected_by_reason.items()))
+        err.print(f"[yellow]{tally.rejected} spans rejected ({escape(reasons)}), {stored} stored[/yellow]",
+                  soft_wrap=True)
+    msg = tally.error_message()  # reasons (first 10) + "accepted with repairs: …"
+    if msg:
+        err.print(f"[yellow]ingest: {escape(msg)}[/yellow]", soft_wrap=True)
+    if redacted:
+        by = [n for n, v in (("RELYSCOPE_REDACT_DENY", settings.redact_deny),
+                             ("RELYSCOPE_REDACT_PATTERNS", settings.redact_patterns)) if v]
+        err.print(f"ingest: {redacted} of {stored} spans redacted ({', '.join(by)}) before storage", soft_wrap=True)
 
 
 def _print_report(rep: dict, fmt) -> None:

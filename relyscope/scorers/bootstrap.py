@@ -46,7 +46,7 @@ __all__ = [
 
 DEFAULT_N_BOOT: Final = 2000
 DEFAULT_LEVEL: Final = 0.95
-_CHUNK_ELEMS: Final = 4_000_000  # replicate rows per chunk × max(n_tasks, columns) ≤ this
+_CHUNK_ELEMS: Final = 1_000_000  # replicate rows per chunk × max(n_tasks, columns) ≤ this (~8 MB per chunk array)
 
 Statistic = Callable[[list[NDArray[np.float64]]], NDArray[np.float64]]
 

@@ -33,6 +33,7 @@ Thread-safety: none; the scoring stage calls it under its rescore lock.
 from __future__ import annotations
 
 import bisect
+import sys
 import logging
 from dataclasses import dataclass, field
 from typing import Final
@@ -77,15 +78,18 @@ class WindowState:
     hist: dict = field(default_factory=dict)  # (task, q) → [pos, neg], or q → [pos, neg] if pooled
     max_end_ns: int = 0
     version: int = 0  # bumped on every change (the stage rescores a window whose version moved)
-    #: per-task values of :func:`relyscope.scoring.stats.per_task_values` (rows as ``ints``) and
-    #: which rows hold them for the current sums (``add`` clears a row's flag); None until first read
-    pt: np.ndarray | None = None
-    pt_ok: np.ndarray | None = None
+    #: per row: the task's C_res (:func:`relyscope.scoring.stats.c_res_per_task`) and whether it
+    #: is current (``add`` clears a row's flag)
+    cres: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cres_ok: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     #: per row: runs of the task's trajectory sample in this window, its C_traj_d, C_traj_s
     #: (``tj``), and which rows hold them for the current sample and window start (``tj_ok``;
     #: cleared by the sample's changes and by the window sliding)
     tj: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     tj_ok: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    #: trials added or removed so far (Σ |n_all| of every add and subtraction: a re-graded trial
+    #: counts twice), what the stage's CI refresh rule measures change by
+    churn: int = 0
 
     def _rows_for(self, tasks: list[str]) -> np.ndarray:
         out = np.empty(len(tasks), np.int64)
@@ -93,6 +97,7 @@ class WindowState:
         for i, t in enumerate(tasks):
             r = self.ids.get(t)
             if r is None:
+                t = sys.intern(t)  # one string per task id across windows and groups
                 r = self.ids[t] = len(self.tasks)
                 self.tasks.append(t)
                 new += 1
@@ -100,14 +105,13 @@ class WindowState:
         if new:
             n = len(self.tasks)
             if n > self.ints.shape[0]:
-                cap = max(16, 2 * n)
+                cap = max(16, n + n // 4)  # 1.25×: rows are ~0.5 KiB each, in every window
                 self.ints = np.concatenate([self.ints, np.zeros((cap - self.ints.shape[0], len(_INT)), np.int64)])
                 self.flts = np.concatenate([self.flts, np.zeros((cap - self.flts.shape[0], len(_FLT)), np.float64)])
                 grow = np.zeros((cap - self.bigs.shape[0], len(_BIG)), object)
                 self.bigs = np.concatenate([self.bigs, grow]) if self.bigs.size else grow
-                if self.pt is not None:
-                    self.pt = np.concatenate([self.pt, np.empty((cap - self.pt.shape[0], self.pt.shape[1]))])
-                    self.pt_ok = np.concatenate([self.pt_ok, np.zeros(cap - self.pt_ok.shape[0], bool)])
+                self.cres = np.concatenate([self.cres, np.zeros(cap - self.cres.shape[0])])
+                self.cres_ok = np.concatenate([self.cres_ok, np.zeros(cap - self.cres_ok.shape[0], bool)])
                 self.tj = np.concatenate([self.tj, np.zeros((cap - self.tj.shape[0], 3))])
                 self.tj_ok = np.concatenate([self.tj_ok, np.zeros(cap - self.tj_ok.shape[0], bool)])
         return out
@@ -122,9 +126,9 @@ class WindowState:
         if sign < 0:
             ints, flts = -ints, -flts
         np.add.at(self.ints, rows, ints)
+        self.churn += int(np.abs(ints[:, _N_ALL]).sum())
         np.add.at(self.flts, rows, flts)
-        if self.pt_ok is not None:
-            self.pt_ok[rows] = False
+        self.cres_ok[rows] = False
         big = sums[:, _BIG]
         np.add.at(self.bigs, rows, big if sign > 0 else -big)  # object dtype: exact Python ints
         self.version += 1
@@ -145,6 +149,10 @@ class WindowState:
         if r is not None:
             self.tj_ok[r] = False
 
+    def trials(self) -> int:
+        """Trials in the window now (Σ n_all)."""
+        return int(self.ints[: len(self.tasks), _N_ALL].sum())
+
     def live_rows(self) -> tuple[list[str], np.ndarray]:
         """Task ids (sorted) with a trial (n_all != 0) and their row numbers."""
         n = len(self.tasks)
@@ -159,8 +167,7 @@ class WindowState:
         if len(ids) * 2 >= len(self.tasks):
             return
         self.ints, self.flts, self.bigs = self.ints[rows].copy(), self.flts[rows].copy(), self.bigs[rows].copy()
-        if self.pt is not None:
-            self.pt, self.pt_ok = self.pt[rows].copy(), self.pt_ok[rows].copy()
+        self.cres, self.cres_ok = self.cres[rows].copy(), self.cres_ok[rows].copy()
         self.tj, self.tj_ok = self.tj[rows].copy(), self.tj_ok[rows].copy()
         self.tasks = ids
         self.ids = {t: i for i, t in enumerate(ids)}
@@ -175,11 +182,10 @@ class LiveStats:
     windows at minute buckets (up to 6 h) keep a per-task histogram (they are bootstrapped from
     memory), longer ones a pooled one. ``traj_sample``: M of the rollup."""
 
-    def __init__(self, rollup: Rollup, windows: list[tuple[str, float | None]], *, max_k: int = 20):
+    def __init__(self, rollup: Rollup, windows: list[tuple[str, float | None]]):
         self.rollup = rollup
         self.windows = list(windows)
         self.m = rollup.traj_sample
-        self.max_k = max_k
         self._win: dict[GroupKey, dict[str, WindowState]] = {}
         #: group → task → [(end_ns, trial_id, actions)] sorted most recent first (ties: trial id)
         self._traj: dict[GroupKey, dict[str, list[tuple[int, str, tuple[str, ...]]]]] = {}
@@ -361,12 +367,12 @@ class LiveStats:
 
         Carries the per-task values the metrics need beyond the sums, kept per task and
         recomputed only for the tasks whose sums (or trajectory sample) changed since the last
-        read: ``traj_values`` / ``traj_sizes`` (C_traj_d, C_traj_s) and ``per_task``
-        (:func:`relyscope.scoring.stats.per_task_values` at ``max_k``). ``trajectories`` False
+        read: ``traj_values`` / ``traj_sizes`` (C_traj_d, C_traj_s) and ``c_res``.
+        ``trajectories`` False
         leaves the sample's action lists out (``trajectories`` empty; what scoring reads of
         them is in ``traj_values`` / ``traj_sizes``): cost O(tasks) array copies plus the changed
         tasks' work, not O(tasks × M)."""
-        from relyscope.scoring.stats import per_task_values
+        from relyscope.scoring.stats import c_res_per_task
 
         ws = self._win[group][name]
         ids, rows = ws.live_rows()
@@ -381,15 +387,11 @@ class LiveStats:
             fsums[:, _INT] = ws.ints[rows]
             fsums[:, _FLT] = ws.flts[rows]
         idx = {t: i for i, t in enumerate(ids)}
-        # per-task values for the rows whose sums changed since they were computed
-        width = 2 * self.max_k + 3
-        if ws.pt is None or ws.pt.shape[1] != width:
-            ws.pt, ws.pt_ok = np.empty((ws.ints.shape[0], width)), np.zeros(ws.ints.shape[0], bool)
-        stale = rows[~ws.pt_ok[rows]] if len(rows) else rows
+        # C_res for the rows whose sums changed since it was computed
+        stale = rows[~ws.cres_ok[rows]] if len(rows) else rows
         if stale.size:
-            ws.pt[stale] = per_task_values(TaskStats([ws.tasks[i] for i in stale], self._sums(ws, stale)), self.max_k)
-            ws.pt_ok[stale] = True
-        per_task = ws.pt[rows] if len(rows) else np.empty((0, width))
+            ws.cres[stale] = c_res_per_task(TaskStats([ws.tasks[i] for i in stale.tolist()], self._sums(ws, stale)))
+            ws.cres_ok[stale] = True
         since_ns = ws.since * 10**9
         traj = self._traj.get(group, {})
         # per-task sample sizes, C_traj_d, C_traj_s: recomputed only for tasks whose sample changed
@@ -415,8 +417,8 @@ class LiveStats:
         d, sv, sizes = tj[:, 1].copy(), tj[:, 2].copy(), tj[:, 0].astype(np.int64)
         lists = ([[e[2] for e in traj.get(t, ())[: sizes[i]]] for i, t in enumerate(ids)]
                  if trajectories else [])
-        extra = dict(max_end_ns=ws.max_end_ns, traj_values=(d, sv), traj_sizes=sizes, per_task=per_task,
-                     per_task_k=self.max_k, fsums=fsums)
+        extra = dict(max_end_ns=ws.max_end_ns, traj_values=(d, sv), traj_sizes=sizes,
+                     c_res=ws.cres[rows] if len(rows) else np.zeros(0), fsums=fsums)
         if ws.pooled:
             pooled = sorted((q, p, n) for q, (p, n) in ws.hist.items() if p or n)
             return TaskStats(ids, sums, [], lists, pooled_hist=pooled, **extra)

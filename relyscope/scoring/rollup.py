@@ -47,7 +47,7 @@ from relyscope.scorers.graders import grade_trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.replay_outcome import is_sandbox_miss
-from relyscope.scorers.review import GroupReview, policy_for
+from relyscope.scorers.review import GroupReview, policy_for, trial_facts
 from relyscope.shadow.grading import resolve_replays
 from relyscope.scoring.stats import SUM_COLUMNS, Contribution, TaskStats, contribution
 from relyscope.store import Store
@@ -236,6 +236,19 @@ class Rollup:
         self.rows: list[list] = []
         #: bumped by :meth:`rebuild` (in-memory copies of the rollups must reload)
         self.generation = 0
+        #: group → what the syncs graded in it since the caller last emptied its list, for the
+        #: groups the caller registered (set a key to ``[]``; nothing is kept for the others, so a
+        #: first sync or a rebuild of the whole history holds no list of it): per re-resolved
+        #: trial ``(trial_id, version_ns, TrialFacts)`` — ``version_ns`` of its latest stored row
+        #: if that row is within this sync's read (new or re-finalized), else None (only its
+        #: outcome changed) —; ``(trial_id, version_ns, None)`` for a stored trial the resolution
+        #: leaves out (a cut-off replay attempt: still among the most recently stored, as
+        #: :meth:`relyscope.store.Store.load_trials` ``most_recent`` counts it); per trial id
+        #: retracted (tombstoned, gone, moved to another group) ``(trial_id, 0, None)`` (to every
+        #: registered group: a tombstone names no group). What the scoring stage keeps its report
+        #: sections up to date from (:func:`relyscope.scorers.review.sections`).
+        self.graded: dict[GroupKey, list[tuple[str, int | None, object]]] = {}
+        self._versions: dict[str, int] = {}  # trial id → latest version_ns read by this sync
         for ddl in ROLLUP_SCHEMA:
             _command(store, ddl)
         # only where the TTL differs: a MODIFY TTL rewrites the table's parts on a server
@@ -270,6 +283,9 @@ class Rollup:
                      {"w": max(0, wt - OVERLAP_NS)})
             # rows of the overlap already folded by this process need no second pass
             fresh = [r for r in rows if self._seen.get(r[0]) != int(r[2])]
+            self._versions = {}
+            for r in rows:  # the latest row of each trial read (for the report sections' order)
+                self._versions[r[0]] = max(int(r[2]), self._versions.get(r[0], 0))
             trace_ids = {r[1] for r in fresh} | told
             new_wt = max([wt] + [int(r[2]) for r in rows])
             orows = q("SELECT key_kind, key, toUnixTimestamp64Nano(posted_at) FROM {db}.outcomes "
@@ -373,6 +389,7 @@ class Rollup:
         prev = self._current(all_ids)
         new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
         grades: dict[GroupKey, dict] = {}
+        facts: list[tuple[GroupKey, tuple]] = []
         for t in resolved:
             # only for a judge: without one nobody empties the stage's queue of them, and it held
             # up to 10 000 whole trials (steps too), growing with the history (bench_memory.py)
@@ -386,6 +403,12 @@ class Rollup:
             group = (t.agent_name, t.agent_version, t.run_kind)
             new_state[t.trial_id] = (group, _Current(t.task_id, t.end_ns, ctb))
             grades.setdefault(group, {})[t.trial_id] = g
+            if self.graded:
+                if group in self.graded:  # every resolved trial: its facts may change with an equal contribution
+                    facts.append((group, (t.trial_id, self._versions.get(t.trial_id), trial_facts(t, g))))
+                old_group = prev[t.trial_id][0] if t.trial_id in prev else group
+                if old_group != group and old_group in self.graded:  # moved to another group
+                    facts.append((old_group, (t.trial_id, 0, None)))
         now = time.time_ns()
         rows: list[list] = []
         changed: set[GroupKey] = set()
@@ -403,6 +426,18 @@ class Rollup:
         # written by the materialized views of this one block
         self.store._insert("contrib_log", rows, _LOG_COLS)
         self.rows += rows
+        if self.graded:
+            for group, ev in facts:
+                if group in self.graded:
+                    self.graded[group].append(ev)
+            kept = {t.trial_id for t in resolved}
+            for t in trials:  # stored, left out by the resolution
+                if t.trial_id not in kept and (t.agent_name, t.agent_version, t.run_kind) in self.graded:
+                    self.graded[(t.agent_name, t.agent_version, t.run_kind)].append(
+                        (t.trial_id, self._versions.get(t.trial_id), None))
+            gone = sorted(all_ids - {t.trial_id for t in trials})
+            for lst in self.graded.values():
+                lst += [(tid, 0, None) for tid in gone]
         if self.write_grades:
             from relyscope.scoring.stage import grade_rows_of  # the grades table's row shape
 
@@ -485,6 +520,7 @@ class Rollup:
             self._seen = {}
             self.generation += 1
             self.rows = []
+            self.graded = {}  # the whole history is refolded: callers re-register (and reload)
         return self.sync()
 
     # ---- reads ----------------------------------------------------------------------------------

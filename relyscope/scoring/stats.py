@@ -171,11 +171,10 @@ class TaskStats:
     #: with ``traj_values`` by a caller that leaves ``trajectories`` empty (the live scorer's
     #: point estimates: the sizes are all the metrics read of the sample once C_traj is known)
     traj_sizes: NDArray[np.int64] | None = None
-    #: optional per-task values of :func:`per_task_values` (rows aligned with ``task_ids``) at
-    #: ``per_task_k``: a caller that caches them per task (recomputing only the tasks whose sums
-    #: changed) skips recomputing them for every task of the window
-    per_task: NDArray[np.float64] | None = None
-    per_task_k: int = 0
+    #: optional per-task C_res (aligned with ``task_ids``) as :func:`c_res_per_task` gives it: a
+    #: caller that keeps it per task (recomputing only the tasks whose sums changed) skips the
+    #: exact-integer arithmetic for every task of the window
+    c_res: NDArray[np.float64] | None = None
     #: optional float64 copy of ``sums`` (same shape; Int128 columns NaN: not representable) that
     #: :meth:`col` reads the Int64 / Float64 columns from (Int64 sums below 2⁵³ are exact in it);
     #: with it, ``sums`` need only hold the Int128 columns (the others may be None)
@@ -224,52 +223,36 @@ _PASS_MEMO_MAX: Final = 200_000
 
 def _pass_rows(c: NDArray[np.int64], n: NDArray[np.int64], max_k: int) -> NDArray[np.float64]:
     """``(len(c), 2·max_k)``: pass@k then pass^k per task for k = 1..max_k, by the kernels of
-    :mod:`relyscope.scorers.metrics` evaluated once per distinct (c, n) pair and remembered."""
-    out = np.empty((c.size, 2 * max_k))
+    :mod:`relyscope.scorers.metrics` (``pass_at_k_per_task``, ``pass_hat_k_per_task``: exact
+    integer binomials) evaluated once per distinct (c, n) pair and remembered across calls.
+    Raises ValueError unless 0 ≤ c ≤ n."""
+    c, n = M._counts(c, n)  # the kernels' checks, before anything is remembered
     if not c.size:
-        return out
-    M._counts(c, n)  # the kernels' checks (0 ≤ c ≤ n), before anything is remembered
-    keys = list(zip(c.tolist(), n.tolist()))
+        return np.empty((0, 2 * max_k))
+    base = int(n.max()) + 1
+    keys, inv = np.unique(c * base + n, return_inverse=True)
+    pairs = [divmod(int(x), base) for x in keys.tolist()]
     # a local table (another thread may clear the shared memo meanwhile)
-    rows = {key: _PASS_MEMO.get((key[0], key[1], max_k)) for key in set(keys)}
-    miss = sorted(key for key, v in rows.items() if v is None)
+    got = [_PASS_MEMO.get((a, b, max_k)) for a, b in pairs]
+    miss = [i for i, v in enumerate(got) if v is None]
     if miss:
         if len(_PASS_MEMO) + len(miss) > _PASS_MEMO_MAX:
             _PASS_MEMO.clear()
-        cm = np.array([a for a, _ in miss], dtype=np.int64)
-        nm = np.array([b for _, b in miss], dtype=np.int64)
+        cm = np.array([pairs[i][0] for i in miss], dtype=np.int64)
+        nm = np.array([pairs[i][1] for i in miss], dtype=np.int64)
         tab = np.empty((len(miss), 2 * max_k))
         for k in range(1, max_k + 1):
             tab[:, k - 1] = M.pass_at_k_per_task(cm, nm, k)
             tab[:, max_k + k - 1] = M.pass_hat_k_per_task(cm, nm, k)
-        for i, (a, b) in enumerate(miss):
-            rows[(a, b)] = _PASS_MEMO[(a, b, max_k)] = tab[i]
-    for i, key in enumerate(keys):
-        out[i] = rows[key]
-    return out
+        for j, i in enumerate(miss):
+            got[i] = _PASS_MEMO[(pairs[i][0], pairs[i][1], max_k)] = tab[j]
+    return np.stack(got)[inv.reshape(-1)]
 
 
-def per_task_values(st: TaskStats, max_k: int) -> NDArray[np.float64]:
-    """The per-task values of one window that depend on that task's own sums alone, so a caller
-    may keep them per task and recompute only the tasks whose sums changed:
-    ``(n_tasks, 2·max_k + 3)`` float64 — columns ``pass@1 … pass@max_k``, ``pass^1 … pass^max_k``
-    ([C21] §2.1, [Y24] §5; NaN where n_t < k), unanimity, C_out ((2p̂−1)², [R26] §3.1), C_res
-    (metrics.md §3; NaN where undefined), each exactly what :func:`score_stats` computes for the
-    task (the same elementwise kernels of :mod:`relyscope.scorers.metrics`). Raises ValueError
-    for ``max_k < 1``."""
-    if max_k < 1:
-        raise ValueError("max_k must be >= 1")
-    nt = len(st.task_ids)
-    out = np.empty((nt, 2 * max_k + 3))
-    if not nt:
-        return out
-    c = np.asarray(st.col("c"), dtype=np.int64)
-    n = np.asarray(st.col("n"), dtype=np.int64)
-    out[:, : 2 * max_k] = _pass_rows(c, n, max_k)
-    out[:, 2 * max_k] = M.unanimity_per_task(c, n)
-    out[:, 2 * max_k + 1] = M.c_out_per_task(c, n)
-    out[:, 2 * max_k + 2] = _c_res_per_task(st)
-    return out
+def c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
+    """Per-task C_res of a window's statistics (see :func:`_c_res_per_task`): ``(n_tasks,)``,
+    NaN where undefined; each task's value depends on its own sums alone."""
+    return _c_res_per_task(st) if st.task_ids else np.zeros(0)
 
 
 def _c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
@@ -341,7 +324,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
     trajs = st.trajectories
     nt = len(trajs)
     sub = TaskStats([st.task_ids[i] for i in ul], st.sums[usable] if st.sums.size else st.sums, [],
-                    [trajs[i] if i < nt else [] for i in ul], fsums=None if st.fsums is None else st.fsums[usable])
+                    [trajs[i] if i < nt else [] for i in ul] if nt or st.traj_values is None else [], fsums=None if st.fsums is None else st.fsums[usable])
     remap = {old: new for new, old in enumerate(ul)}
     sub.hist = [(remap[t], q, p, ng) for t, q, p, ng in st.hist if t in remap]
     n_tasks = len(sub.task_ids)
@@ -362,15 +345,13 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
     stats: dict[str, Any] = {}
     results["success_rate"] = M.success_rate(c, n)
     stats["success_rate"] = ("ratio", cols.add(c, n))
-    if st.per_task is not None and st.per_task_k >= K:  # kept per task by the caller
-        pt, pk = np.asarray(st.per_task, dtype=np.float64)[usable], st.per_task_k
-    else:
-        pt, pk = per_task_values(sub, K), K
+    pt = _pass_rows(c, n, K)
     for k in range(1, K + 1):
-        for key, per in ((f"pass@{k}", pt[:, k - 1]), (f"pass^{k}", pt[:, pk + k - 1])):
+        for key, per in ((f"pass@{k}", pt[:, k - 1]), (f"pass^{k}", pt[:, K + k - 1])):
             results[key] = M.mean_over_tasks(per, n)
             stats[key] = ("mean", cols.mean(per))
-    for key, per in (("unanimity", pt[:, 2 * pk]), ("C_out", pt[:, 2 * pk + 1])):
+    for key, fn in (("unanimity", M.unanimity_per_task), ("C_out", M.c_out_per_task)):
+        per = fn(c, n)
         results[key] = M.mean_over_tasks(per, n)
         stats[key] = ("mean", cols.mean(per))
     if st.traj_values is not None:  # per-task values computed (and cached) by the caller
@@ -387,7 +368,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
         stats[key] = ("mean", cols.mean(per))
     results["C_traj"] = M.c_traj(results["C_traj_d"], results["C_traj_s"])
     stats["C_traj"] = ("nanmean", ("C_traj_d", "C_traj_s"))
-    per = pt[:, 2 * pk + 2]
+    per = np.asarray(st.c_res, dtype=np.float64)[usable] if st.c_res is not None else c_res_per_task(sub)
     results["C_res"] = M.mean_over_tasks(per, col("n_nom", np.int64))
     stats["C_res"] = ("mean", cols.mean(per))
     results["R_Con"] = M.r_con(results["C_out"], results["C_traj"], results["C_res"])

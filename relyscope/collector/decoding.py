@@ -1,0 +1,57 @@
+"""How spans are decoded and redacted before storage, built once from the settings.
+
+:func:`ingest_setup` is the one place the decoder limits (``RELYSCOPE_MAX_BODY_BYTES``,
+``RELYSCOPE_MAX_ATTRIBUTES``, ``RELYSCOPE_MAX_ATTRIBUTE_LENGTH``), the redaction policy
+(``RELYSCOPE_REDACT_DENY``, ``RELYSCOPE_REDACT_PATTERNS``) and the decode path
+(``RELYSCOPE_INGEST_DECODER``) are read: the sidecar's :class:`relyscope.pipeline.Pipeline` and
+``relyscope score`` both call it, so a file scored offline is stored — truncated, repaired and
+redacted — as the sidecar would store the same request.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from relyscope.collector import fastpath
+from relyscope.collector.otlp import DecodeResult, Limits
+from relyscope.collector.records import decode_spool_record
+from relyscope.collector.redaction import Redactor
+
+__all__ = ["IngestSetup", "ingest_setup"]
+
+
+@dataclass(frozen=True)
+class IngestSetup:
+    """Attributes:
+        limits: the decoder limits (:class:`~relyscope.collector.otlp.Limits`), applied to every
+            request (validation and decode).
+        redactor: the redaction policy, applied to every decoded span before it is stored or
+            assembled (:class:`~relyscope.collector.redaction.Redactor`; inactive when no
+            ``RELYSCOPE_REDACT_*`` setting is given).
+        fast: True for the hot path (:func:`relyscope.collector.fastpath.prepare`: redacted,
+            normalized and laid out as insert columns), False for the legacy oracle
+            (``decode_http`` → ``Redactor.apply`` → row insert + ``normalize``).
+        decode_record: spool record (tag byte + decompressed body) → :class:`DecodeResult`, the
+            worker's decode (a picklable ``functools.partial``: decode processes run it; fast:
+            already prepared, legacy: not yet redacted).
+    """
+
+    limits: Limits
+    redactor: Redactor
+    fast: bool
+    decode_record: Callable[[bytes], DecodeResult]
+
+
+def ingest_setup(settings: Any) -> IngestSetup:
+    """The decoder limits, redactor and decode path of ``settings`` (a
+    :class:`relyscope.config.Settings`). Raises ``re.error`` for an invalid redaction pattern
+    (Settings validates them first) and ValueError for a limit out of range."""
+    limits = Limits(max_body_bytes=settings.max_body_bytes, max_attributes=settings.max_attributes,
+                    max_attribute_length=settings.max_attribute_length)
+    redactor = Redactor(settings.redact_deny, settings.redact_patterns)
+    fast = settings.ingest_decoder == "fast"
+    decode = (functools.partial(fastpath.decode_record, limits=limits, redactor=redactor) if fast
+              else functools.partial(decode_spool_record, limits=limits))
+    return IngestSetup(limits=limits, redactor=redactor, fast=fast, decode_record=decode)
