@@ -263,3 +263,58 @@ def test_a_window_ci_is_refreshed_once_enough_of_its_trials_changed(chdb_path):
     finally:
         stage.close()
         store.close()
+
+
+def test_a_background_refresh_that_failed_is_retried_once_the_store_answers(chdb_path):
+    """A due refresh (8 of 100 trials changed: above RELYSCOPE_SCORE_CI_MIN_CHANGE) whose
+    ClickHouse read fails on the CI thread stays due: once the store answers again the next cycles
+    recompute it (CIs = the batch scorer's), without waiting for another 5 % of changes or
+    RELYSCOPE_SCORE_CI_MAX_AGE_S. It used to be recorded as refreshed at the failed attempt."""
+    import threading
+
+    store = Store(f"chdb://{chdb_path}", database="f" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(13)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{6000 + i:032x}", trial_id=f"f{i}",
+                                    status="complete", perturbation_family=None,
+                                    outcome="success" if i % 3 else "failure")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 100))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_max_age_s=3600,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    g = ("a", "1.0", "production")
+    key = (g, "all")
+    gate = threading.Event()
+    try:
+        stage.rescore(all_groups=True)
+        at = stage._ci_at[key]
+        time.sleep(0.01)
+        store.insert_trials(batch(100, 108))
+        blocker = stage._ci_pool.submit(gate.wait, 60)  # the CI thread is busy: the jobs queue
+        stage.rescore()
+        assert key in stage._ci_jobs
+        store.query("RENAME TABLE {db}.task_stats TO {db}.task_stats_away")  # the window read fails
+        gate.set()
+        blocker.result(timeout=60)
+        fut = stage._ci_jobs[key][0]
+        with pytest.raises(Exception):
+            fut.result(timeout=60)
+        store.query("RENAME TABLE {db}.task_stats_away TO {db}.task_stats")  # the store answers again
+        for _ in range(3):
+            time.sleep(0.01)
+            stage.rescore()
+            for f, _, _ in list(stage._ci_jobs.values()):
+                f.result(timeout=60)
+        assert stage._ci_at[key] > at
+        trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+        ref, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+        assert_same(ref, stage.window_scores["all"][g])
+    finally:
+        gate.set()
+        stage.close()
+        store.close()

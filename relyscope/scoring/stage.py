@@ -211,6 +211,9 @@ class ScoreStage:
             except Exception:  # noqa: BLE001 - e.g. the store went down: due again next cycle
                 log.exception("background CI refresh of %s %s failed", g, name)
                 self._ci_dirty.add(key)
+                # the churn noted at submission is not a refresh: without this the retry waited
+                # for another score_ci_min_change of changes (or score_ci_max_age_s)
+                self._ci_churn.pop(key, None)
                 continue
             n += 1
             self._ci_at[key] = started
