@@ -318,3 +318,47 @@ def test_a_background_refresh_that_failed_is_retried_once_the_store_answers(chdb
         gate.set()
         stage.close()
         store.close()
+
+
+def test_a_flush_refreshes_cis_whose_background_refresh_is_still_pending(chdb_path):
+    """A flush (rescore with all_groups) refreshes every changed CI at once, also those whose
+    background refresh is queued behind a busy CI thread: its CIs equal the batch scorer's on the
+    same trials, and the superseded job's result, when it comes, is not published over them. They
+    used to be skipped (a job was pending), so the flush answered the CIs of before the change."""
+    import threading
+
+    store = Store(f"chdb://{chdb_path}", database="p" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(17)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", perturbation_family=None, outcome="success" if i % 3 else "failure")
+            for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.0, store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    gate = threading.Event()
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        extra = [dataclasses.replace(base[0], trial_id=f"p{i}", trace_id=f"{9300 + i:032x}", outcome="failure",
+                                     end_ns=int((now_s - 5) * 1e9)) for i in range(6)]
+        store.insert_trials(extra)
+        blocker = stage._ci_pool.submit(gate.wait, 60)
+        stage.rescore()
+        assert (g, "all") in stage._ci_jobs
+        stage.rescore(all_groups=True)  # the flush
+        trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+        batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+        for w in ("24h", "7d", "all"):
+            assert_same(batch, stage.window_scores[w][g])
+        gate.set()
+        blocker.result(timeout=60)
+        for f, _, _ in list(stage._ci_jobs.values()):
+            f.result(timeout=60)
+        stage.rescore()
+        for w in ("24h", "7d", "all"):
+            assert_same(batch, stage.window_scores[w][g])
+    finally:
+        gate.set()
+        stage.close()
+        store.close()

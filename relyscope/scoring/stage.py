@@ -375,12 +375,15 @@ class ScoreStage:
 
     def _refresh_set(self, groups: set[GroupKey], all_groups: bool, now: float) -> set:
         """The (group, window | 'drift') keys whose CIs are recomputed this cycle: every changed
-        one never computed or (``all_groups``, interval 0) all changed; else the stalest of those
+        one never computed or (``all_groups``: also those with a background refresh pending;
+        interval 0) all changed; else the stalest of those
         due (CI older than ``score_ci_interval_s``), at the rate that refreshes each once per
         interval (a credit of items × elapsed / interval, spent one refresh at a time)."""
         interval = self.settings.score_ci_interval_s
+        if all_groups:  # a pending background refresh is superseded (its result is dropped)
+            return {k for k in self._ci_dirty | set(self._ci_jobs) if k[0] in groups}
         cands = [k for k in self._ci_dirty if k[0] in groups and k not in self._ci_jobs]
-        if all_groups or interval <= 0:
+        if interval <= 0:
             return set(cands)
         out = {k for k in cands if k not in self._ci_at}
         due = sorted((k for k in cands if k in self._ci_at and now - self._ci_at[k] >= interval
@@ -510,6 +513,8 @@ class ScoreStage:
         ph["advance"] = clk() - t0
         # 2. which CIs are refreshed this cycle
         refresh = self._refresh_set(groups, all_groups, now)
+        for key in refresh & set(self._ci_jobs):  # all_groups: computed now instead
+            self._ci_jobs.pop(key)[0].cancel()
         self.last_refreshes = len(refresh)
         queued = {(g, name) for g, name, _ in todo}
         lengths = dict(self.windows) | {"all": None}
