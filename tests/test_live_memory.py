@@ -362,3 +362,42 @@ def test_a_flush_refreshes_cis_whose_background_refresh_is_still_pending(chdb_pa
         gate.set()
         stage.close()
         store.close()
+
+
+def test_a_clock_stepped_back_does_not_stop_ci_refreshes(chdb_path):
+    """A CI computed while the wall clock read an hour ahead (the clock was then stepped back, e.g.
+    by NTP after a VM resume): its age is unknown, not negative, so it is refreshed once the window
+    changed enough (8 of 100 trials) — instead of an hour plus score_ci_interval_s later."""
+    store = Store(f"chdb://{chdb_path}", database="k" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(19)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{5000 + i:032x}", trial_id=f"k{i}")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 100))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_background=False,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    key = (("a", "1.0", "production"), "all")
+    try:
+        stage.rescore(all_groups=True)
+        ahead = time.time() + 3600
+        stage._ci_at = {k: ahead for k in stage._ci_at}  # as stamped by the clock before its step back
+        store.insert_trials(batch(100, 108))
+        for _ in range(3):
+            stage.rescore()
+            time.sleep(0.05)
+        assert stage._ci_at[key] < ahead
+        # and with fewer changes than RELYSCOPE_SCORE_CI_MIN_CHANGE: an unknown age is past the max age
+        stage._ci_at = {k: ahead for k in stage._ci_at}
+        store.insert_trials(batch(108, 109))
+        for _ in range(3):
+            stage.rescore()
+            time.sleep(0.05)
+        assert stage._ci_at[key] < ahead
+    finally:
+        stage.close()
+        store.close()

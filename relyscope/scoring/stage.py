@@ -386,7 +386,8 @@ class ScoreStage:
         if interval <= 0:
             return set(cands)
         out = {k for k in cands if k not in self._ci_at}
-        due = sorted((k for k in cands if k in self._ci_at and now - self._ci_at[k] >= interval
+        # a CI stamped after now (the wall clock stepped back since): its age is unknown, so due
+        due = sorted((k for k in cands if k in self._ci_at and not 0 <= now - self._ci_at[k] < interval
                       and self._changed_enough(k, now)), key=lambda k: self._ci_at[k])
         dt = max(0.0, now - self._ci_clock) if self._ci_clock else self.settings.score_interval_s
         self._ci_clock = now
@@ -415,7 +416,7 @@ class ScoreStage:
         if churn < then[0]:  # reloaded since: no record of what changed
             return True
         return (churn - then[0] >= self.settings.score_ci_min_change * max(then[1], 1)
-                or now - self._ci_at[key] >= self.settings.score_ci_max_age_s)
+                or not 0 <= now - self._ci_at[key] < self.settings.score_ci_max_age_s)
 
     def _check_some(self, live: LiveStats, groups: set[GroupKey], now: float) -> None:
         """The periodic consistency check: compare the stalest in-memory windows with the
