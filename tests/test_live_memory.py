@@ -401,3 +401,47 @@ def test_a_clock_stepped_back_does_not_stop_ci_refreshes(chdb_path):
     finally:
         stage.close()
         store.close()
+
+
+def test_background_refreshes_collected_by_a_cycle_that_failed_are_not_lost(chdb_path):
+    """The store fails part way through the cycle that collects finished background refreshes
+    (here the consistency check's read): once it answers again, the drift and the long windows'
+    CIs those refreshes computed are published (CIs = the batch scorer's), though the next refresh
+    is an interval away. The failed cycle used to drop them, marked as refreshed."""
+    store = Store(f"chdb://{chdb_path}", database="q" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(23)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", perturbation_family=None, outcome="success" if i % 3 else "failure")
+            for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        stage.drift.pop(g, None)
+        extra = [dataclasses.replace(base[0], trial_id=f"q{i}", trace_id=f"{9500 + i:032x}", outcome="failure",
+                                     end_ns=int((now_s - 5) * 1e9)) for i in range(6)]
+        store.insert_trials(extra)
+        stage.settings = settings.model_copy(update={"score_ci_interval_s": 0.0})
+        stage.rescore()
+        assert {(g, "all"), (g, "drift")} <= set(stage._ci_jobs)
+        for f, _, _ in list(stage._ci_jobs.values()):
+            f.result(timeout=60)
+        stage.settings = settings.model_copy(update={"live_check_interval_s": 0.001})  # refreshes an hour away
+        store.query("RENAME TABLE {db}.conf_stats TO {db}.conf_stats_away")
+        time.sleep(0.05)
+        with pytest.raises(Exception):
+            stage.rescore()
+        store.query("RENAME TABLE {db}.conf_stats_away TO {db}.conf_stats")
+        stage.settings = settings
+        stage.rescore()
+        assert g in stage.drift and "success_rate" in stage.drift[g]
+        trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+        batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+        for w in ("24h", "7d", "all"):
+            assert_same(batch, stage.window_scores[w][g])
+    finally:
+        stage.close()
+        store.close()

@@ -146,6 +146,9 @@ class ScoreStage:
         #: background CI / drift refreshes (``score_ci_background``): key → (future, started at,
         #: window start)
         self._ci_jobs: dict = {}
+        #: finished refreshes collected by a cycle that has not published yet: key → (score or
+        #: drift, started at, window start, latest trial end ns, digest)
+        self._ci_unpublished: dict = {}
         self._ci_pool: concurrent.futures.ThreadPoolExecutor | None = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relyscope-ci")
             if settings.score_ci_background and settings.incremental_scoring else None)
@@ -218,16 +221,23 @@ class ScoreStage:
             n += 1
             self._ci_at[key] = started
             if name == "drift":
-                drift[g], took = res
+                d, took = res
                 secs += took
+                self._ci_unpublished[key] = (d, started, since, 0, None)
                 continue
             gs, max_end_ns, digest, took = res
             secs += took
             self._ci_scores[key] = gs
+            self._ci_unpublished[key] = (gs, started, since, max_end_ns, digest)
+        # also those collected by a cycle that failed after (cleared once a cycle publishes)
+        for (g, name), (res, started, since, max_end_ns, digest) in self._ci_unpublished.items():
+            if name == "drift":
+                drift[g] = res
+                continue
             if g in out.get(name, {}):
-                out[name][g] = _with_cis(out[name][g], gs, self.settings.n_boot)
+                out[name][g] = _with_cis(out[name][g], res, self.settings.n_boot)
             if name == self.primary_window:
-                rows += _window_rows(g, gs, since, max_end_ns / 1e9 or started, self.settings.n_boot, name, digest)
+                rows += _window_rows(g, res, since, max_end_ns / 1e9 or started, self.settings.n_boot, name, digest)
         self.last_background = (n, secs)
         return rows
 
@@ -621,6 +631,7 @@ class ScoreStage:
         self.window_scores = out
         self.drift = drift
         self.scores = out.get(self.primary_window, {})  # one reference swap per dict
+        self._ci_unpublished = {}
         try:
             self.store.insert_scores(rows)
         except StoreUnavailable as e:
