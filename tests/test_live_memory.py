@@ -445,3 +445,30 @@ def test_background_refreshes_collected_by_a_cycle_that_failed_are_not_lost(chdb
     finally:
         stage.close()
         store.close()
+
+
+def test_a_clock_stepped_back_does_not_stop_report_section_refreshes(chdb_path):
+    """Report sections made while the wall clock read an hour ahead: a changed group's are
+    remade by the next cycle (their age is unknown), not an hour plus a minute later."""
+    store = Store(f"chdb://{chdb_path}", database="r" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(29)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{4000 + i:032x}", trial_id=f"r{i}")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 40))
+    stage = ScoreStage(Settings(n_boot=0, store=f"chdb://{chdb_path}"), store, None)
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        ahead = time.time() + 3600
+        stage._reviewed_at[g] = ahead  # as stamped by the clock before its step back
+        store.insert_trials(batch(40, 44))
+        stage.rescore()
+        assert stage._reviewed_at[g] < ahead
+    finally:
+        stage.close()
+        store.close()

@@ -604,7 +604,8 @@ class ScoreStage:
         self._review_dirty |= {g for g in groups if changed_of[g] and plan[g] is None}
         self._review_dirty &= {g for g in plan if plan[g] is None}
         now_due = sorted((g for g in self._review_dirty if g in groups and (
-            all_groups or g not in self._extras or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S)),
+            all_groups or g not in self._extras
+            or not 0 <= now - self._reviewed_at.get(g, 0.0) < _REVIEW_EVERY_S)),  # < 0: the clock stepped back
             key=lambda g: (g in self._extras, self._reviewed_at.get(g, 0.0)))
         if not all_groups:
             now_due = [g for g in now_due if g not in self._extras] or now_due[:1]
