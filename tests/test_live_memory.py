@@ -263,3 +263,212 @@ def test_a_window_ci_is_refreshed_once_enough_of_its_trials_changed(chdb_path):
     finally:
         stage.close()
         store.close()
+
+
+def test_a_background_refresh_that_failed_is_retried_once_the_store_answers(chdb_path):
+    """A due refresh (8 of 100 trials changed: above RELYSCOPE_SCORE_CI_MIN_CHANGE) whose
+    ClickHouse read fails on the CI thread stays due: once the store answers again the next cycles
+    recompute it (CIs = the batch scorer's), without waiting for another 5 % of changes or
+    RELYSCOPE_SCORE_CI_MAX_AGE_S. It used to be recorded as refreshed at the failed attempt."""
+    import threading
+
+    store = Store(f"chdb://{chdb_path}", database="f" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(13)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{6000 + i:032x}", trial_id=f"f{i}",
+                                    status="complete", perturbation_family=None,
+                                    outcome="success" if i % 3 else "failure")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 100))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_max_age_s=3600,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    g = ("a", "1.0", "production")
+    key = (g, "all")
+    gate = threading.Event()
+    try:
+        stage.rescore(all_groups=True)
+        at = stage._ci_at[key]
+        time.sleep(0.01)
+        store.insert_trials(batch(100, 108))
+        blocker = stage._ci_pool.submit(gate.wait, 60)  # the CI thread is busy: the jobs queue
+        stage.rescore()
+        assert key in stage._ci_jobs
+        store.query("RENAME TABLE {db}.task_stats TO {db}.task_stats_away")  # the window read fails
+        gate.set()
+        blocker.result(timeout=60)
+        fut = stage._ci_jobs[key][0]
+        with pytest.raises(Exception):
+            fut.result(timeout=60)
+        store.query("RENAME TABLE {db}.task_stats_away TO {db}.task_stats")  # the store answers again
+        for _ in range(3):
+            time.sleep(0.01)
+            stage.rescore()
+            for f, _, _ in list(stage._ci_jobs.values()):
+                f.result(timeout=60)
+        assert stage._ci_at[key] > at
+        trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+        ref, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+        assert_same(ref, stage.window_scores["all"][g])
+    finally:
+        gate.set()
+        stage.close()
+        store.close()
+
+
+def test_a_flush_refreshes_cis_whose_background_refresh_is_still_pending(chdb_path):
+    """A flush (rescore with all_groups) refreshes every changed CI at once, also those whose
+    background refresh is queued behind a busy CI thread: its CIs equal the batch scorer's on the
+    same trials, and the superseded job's result, when it comes, is not published over them. They
+    used to be skipped (a job was pending), so the flush answered the CIs of before the change."""
+    import threading
+
+    store = Store(f"chdb://{chdb_path}", database="p" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(17)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", perturbation_family=None, outcome="success" if i % 3 else "failure")
+            for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.0, store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    gate = threading.Event()
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        extra = [dataclasses.replace(base[0], trial_id=f"p{i}", trace_id=f"{9300 + i:032x}", outcome="failure",
+                                     end_ns=int((now_s - 5) * 1e9)) for i in range(6)]
+        store.insert_trials(extra)
+        blocker = stage._ci_pool.submit(gate.wait, 60)
+        stage.rescore()
+        assert (g, "all") in stage._ci_jobs
+        stage.rescore(all_groups=True)  # the flush
+        trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+        batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+        for w in ("24h", "7d", "all"):
+            assert_same(batch, stage.window_scores[w][g])
+        gate.set()
+        blocker.result(timeout=60)
+        for f, _, _ in list(stage._ci_jobs.values()):
+            f.result(timeout=60)
+        stage.rescore()
+        for w in ("24h", "7d", "all"):
+            assert_same(batch, stage.window_scores[w][g])
+    finally:
+        gate.set()
+        stage.close()
+        store.close()
+
+
+def test_a_clock_stepped_back_does_not_stop_ci_refreshes(chdb_path):
+    """A CI computed while the wall clock read an hour ahead (the clock was then stepped back, e.g.
+    by NTP after a VM resume): its age is unknown, not negative, so it is refreshed once the window
+    changed enough (8 of 100 trials) — instead of an hour plus score_ci_interval_s later."""
+    store = Store(f"chdb://{chdb_path}", database="k" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(19)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{5000 + i:032x}", trial_id=f"k{i}")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 100))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_background=False,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    key = (("a", "1.0", "production"), "all")
+    try:
+        stage.rescore(all_groups=True)
+        ahead = time.time() + 3600
+        stage._ci_at = {k: ahead for k in stage._ci_at}  # as stamped by the clock before its step back
+        store.insert_trials(batch(100, 108))
+        for _ in range(3):
+            stage.rescore()
+            time.sleep(0.05)
+        assert stage._ci_at[key] < ahead
+        # and with fewer changes than RELYSCOPE_SCORE_CI_MIN_CHANGE: an unknown age is past the max age
+        stage._ci_at = {k: ahead for k in stage._ci_at}
+        store.insert_trials(batch(108, 109))
+        for _ in range(3):
+            stage.rescore()
+            time.sleep(0.05)
+        assert stage._ci_at[key] < ahead
+    finally:
+        stage.close()
+        store.close()
+
+
+def test_background_refreshes_collected_by_a_cycle_that_failed_are_not_lost(chdb_path):
+    """The store fails part way through the cycle that collects finished background refreshes
+    (here the consistency check's read): once it answers again, the drift and the long windows'
+    CIs those refreshes computed are published (CIs = the batch scorer's), though the next refresh
+    is an interval away. The failed cycle used to drop them, marked as refreshed."""
+    store = Store(f"chdb://{chdb_path}", database="q" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(23)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", perturbation_family=None, outcome="success" if i % 3 else "failure")
+            for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        stage.drift.pop(g, None)
+        extra = [dataclasses.replace(base[0], trial_id=f"q{i}", trace_id=f"{9500 + i:032x}", outcome="failure",
+                                     end_ns=int((now_s - 5) * 1e9)) for i in range(6)]
+        store.insert_trials(extra)
+        stage.settings = settings.model_copy(update={"score_ci_interval_s": 0.0})
+        stage.rescore()
+        assert {(g, "all"), (g, "drift")} <= set(stage._ci_jobs)
+        for f, _, _ in list(stage._ci_jobs.values()):
+            f.result(timeout=60)
+        stage.settings = settings.model_copy(update={"live_check_interval_s": 0.001})  # refreshes an hour away
+        store.query("RENAME TABLE {db}.conf_stats TO {db}.conf_stats_away")
+        time.sleep(0.05)
+        with pytest.raises(Exception):
+            stage.rescore()
+        store.query("RENAME TABLE {db}.conf_stats_away TO {db}.conf_stats")
+        stage.settings = settings
+        stage.rescore()
+        assert g in stage.drift and "success_rate" in stage.drift[g]
+        trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
+        batch, _ = score_reviewed(trials, None, n_boot=N_BOOT, seed=0, max_k=settings.max_k)
+        for w in ("24h", "7d", "all"):
+            assert_same(batch, stage.window_scores[w][g])
+    finally:
+        stage.close()
+        store.close()
+
+
+def test_a_clock_stepped_back_does_not_stop_report_section_refreshes(chdb_path):
+    """Report sections made while the wall clock read an hour ahead: a changed group's are
+    remade by the next cycle (their age is unknown), not an hour plus a minute later."""
+    store = Store(f"chdb://{chdb_path}", database="r" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(29)
+
+    def batch(lo, hi):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"), trace_id=f"{4000 + i:032x}", trial_id=f"r{i}")
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 40))
+    stage = ScoreStage(Settings(n_boot=0, store=f"chdb://{chdb_path}"), store, None)
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        ahead = time.time() + 3600
+        stage._reviewed_at[g] = ahead  # as stamped by the clock before its step back
+        store.insert_trials(batch(40, 44))
+        stage.rescore()
+        assert stage._reviewed_at[g] < ahead
+    finally:
+        stage.close()
+        store.close()

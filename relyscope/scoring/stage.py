@@ -146,6 +146,9 @@ class ScoreStage:
         #: background CI / drift refreshes (``score_ci_background``): key → (future, started at,
         #: window start)
         self._ci_jobs: dict = {}
+        #: finished refreshes collected by a cycle that has not published yet: key → (score or
+        #: drift, started at, window start, latest trial end ns, digest)
+        self._ci_unpublished: dict = {}
         self._ci_pool: concurrent.futures.ThreadPoolExecutor | None = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relyscope-ci")
             if settings.score_ci_background and settings.incremental_scoring else None)
@@ -211,20 +214,30 @@ class ScoreStage:
             except Exception:  # noqa: BLE001 - e.g. the store went down: due again next cycle
                 log.exception("background CI refresh of %s %s failed", g, name)
                 self._ci_dirty.add(key)
+                # the churn noted at submission is not a refresh: without this the retry waited
+                # for another score_ci_min_change of changes (or score_ci_max_age_s)
+                self._ci_churn.pop(key, None)
                 continue
             n += 1
             self._ci_at[key] = started
             if name == "drift":
-                drift[g], took = res
+                d, took = res
                 secs += took
+                self._ci_unpublished[key] = (d, started, since, 0, None)
                 continue
             gs, max_end_ns, digest, took = res
             secs += took
             self._ci_scores[key] = gs
+            self._ci_unpublished[key] = (gs, started, since, max_end_ns, digest)
+        # also those collected by a cycle that failed after (cleared once a cycle publishes)
+        for (g, name), (res, started, since, max_end_ns, digest) in self._ci_unpublished.items():
+            if name == "drift":
+                drift[g] = res
+                continue
             if g in out.get(name, {}):
-                out[name][g] = _with_cis(out[name][g], gs, self.settings.n_boot)
+                out[name][g] = _with_cis(out[name][g], res, self.settings.n_boot)
             if name == self.primary_window:
-                rows += _window_rows(g, gs, since, max_end_ns / 1e9 or started, self.settings.n_boot, name, digest)
+                rows += _window_rows(g, res, since, max_end_ns / 1e9 or started, self.settings.n_boot, name, digest)
         self.last_background = (n, secs)
         return rows
 
@@ -372,15 +385,19 @@ class ScoreStage:
 
     def _refresh_set(self, groups: set[GroupKey], all_groups: bool, now: float) -> set:
         """The (group, window | 'drift') keys whose CIs are recomputed this cycle: every changed
-        one never computed or (``all_groups``, interval 0) all changed; else the stalest of those
+        one never computed or (``all_groups``: also those with a background refresh pending;
+        interval 0) all changed; else the stalest of those
         due (CI older than ``score_ci_interval_s``), at the rate that refreshes each once per
         interval (a credit of items × elapsed / interval, spent one refresh at a time)."""
         interval = self.settings.score_ci_interval_s
+        if all_groups:  # a pending background refresh is superseded (its result is dropped)
+            return {k for k in self._ci_dirty | set(self._ci_jobs) if k[0] in groups}
         cands = [k for k in self._ci_dirty if k[0] in groups and k not in self._ci_jobs]
-        if all_groups or interval <= 0:
+        if interval <= 0:
             return set(cands)
         out = {k for k in cands if k not in self._ci_at}
-        due = sorted((k for k in cands if k in self._ci_at and now - self._ci_at[k] >= interval
+        # a CI stamped after now (the wall clock stepped back since): its age is unknown, so due
+        due = sorted((k for k in cands if k in self._ci_at and not 0 <= now - self._ci_at[k] < interval
                       and self._changed_enough(k, now)), key=lambda k: self._ci_at[k])
         dt = max(0.0, now - self._ci_clock) if self._ci_clock else self.settings.score_interval_s
         self._ci_clock = now
@@ -409,7 +426,7 @@ class ScoreStage:
         if churn < then[0]:  # reloaded since: no record of what changed
             return True
         return (churn - then[0] >= self.settings.score_ci_min_change * max(then[1], 1)
-                or now - self._ci_at[key] >= self.settings.score_ci_max_age_s)
+                or not 0 <= now - self._ci_at[key] < self.settings.score_ci_max_age_s)
 
     def _check_some(self, live: LiveStats, groups: set[GroupKey], now: float) -> None:
         """The periodic consistency check: compare the stalest in-memory windows with the
@@ -507,6 +524,8 @@ class ScoreStage:
         ph["advance"] = clk() - t0
         # 2. which CIs are refreshed this cycle
         refresh = self._refresh_set(groups, all_groups, now)
+        for key in refresh & set(self._ci_jobs):  # all_groups: computed now instead
+            self._ci_jobs.pop(key)[0].cancel()
         self.last_refreshes = len(refresh)
         queued = {(g, name) for g, name, _ in todo}
         lengths = dict(self.windows) | {"all": None}
@@ -585,7 +604,8 @@ class ScoreStage:
         self._review_dirty |= {g for g in groups if changed_of[g] and plan[g] is None}
         self._review_dirty &= {g for g in plan if plan[g] is None}
         now_due = sorted((g for g in self._review_dirty if g in groups and (
-            all_groups or g not in self._extras or now - self._reviewed_at.get(g, 0.0) >= _REVIEW_EVERY_S)),
+            all_groups or g not in self._extras
+            or not 0 <= now - self._reviewed_at.get(g, 0.0) < _REVIEW_EVERY_S)),  # < 0: the clock stepped back
             key=lambda g: (g in self._extras, self._reviewed_at.get(g, 0.0)))
         if not all_groups:
             now_due = [g for g in now_due if g not in self._extras] or now_due[:1]
@@ -612,6 +632,7 @@ class ScoreStage:
         self.window_scores = out
         self.drift = drift
         self.scores = out.get(self.primary_window, {})  # one reference swap per dict
+        self._ci_unpublished = {}
         try:
             self.store.insert_scores(rows)
         except StoreUnavailable as e:
