@@ -59,6 +59,10 @@ _R_Q, _R_Y, _R_ACT, _R_TRAJ, _R_SIGN = (_R_SUMS + _NCOL + i for i in range(5))
 _R_TID: Final = 3
 
 
+#: WindowState's arrays with one row per task (grown and compacted together)
+_ROW_ARRAYS: Final = ("ints", "flts", "bigs", "cres", "cres_ok", "tj", "tj_ok")
+
+
 @dataclass
 class WindowState:
     """One window's per-task sums from ``since`` (Unix s, bucket-aligned) on, at ``level``.
@@ -106,14 +110,9 @@ class WindowState:
             n = len(self.tasks)
             if n > self.ints.shape[0]:
                 cap = max(16, n + n // 4)  # 1.25×: rows are ~0.5 KiB each, in every window
-                self.ints = np.concatenate([self.ints, np.zeros((cap - self.ints.shape[0], len(_INT)), np.int64)])
-                self.flts = np.concatenate([self.flts, np.zeros((cap - self.flts.shape[0], len(_FLT)), np.float64)])
-                grow = np.zeros((cap - self.bigs.shape[0], len(_BIG)), object)
-                self.bigs = np.concatenate([self.bigs, grow]) if self.bigs.size else grow
-                self.cres = np.concatenate([self.cres, np.zeros(cap - self.cres.shape[0])])
-                self.cres_ok = np.concatenate([self.cres_ok, np.zeros(cap - self.cres_ok.shape[0], bool)])
-                self.tj = np.concatenate([self.tj, np.zeros((cap - self.tj.shape[0], 3))])
-                self.tj_ok = np.concatenate([self.tj_ok, np.zeros(cap - self.tj_ok.shape[0], bool)])
+                for name in _ROW_ARRAYS:  # zeros: 0 sums, and per-task values not current
+                    a = getattr(self, name)
+                    setattr(self, name, np.concatenate([a, np.zeros((cap - a.shape[0], *a.shape[1:]), a.dtype)]))
         return out
 
     def add(self, tasks: list[str], sums: np.ndarray, sign: int = 1) -> None:
@@ -166,9 +165,8 @@ class WindowState:
         ids, rows = self.live_rows()
         if len(ids) * 2 >= len(self.tasks):
             return
-        self.ints, self.flts, self.bigs = self.ints[rows].copy(), self.flts[rows].copy(), self.bigs[rows].copy()
-        self.cres, self.cres_ok = self.cres[rows].copy(), self.cres_ok[rows].copy()
-        self.tj, self.tj_ok = self.tj[rows].copy(), self.tj_ok[rows].copy()
+        for name in _ROW_ARRAYS:
+            setattr(self, name, getattr(self, name)[rows].copy())
         self.tasks = ids
         self.ids = {t: i for i, t in enumerate(ids)}
         if not self.pooled:
@@ -358,6 +356,10 @@ class LiveStats:
     # ---- reads ---------------------------------------------------------------------------------
     def window(self, group: GroupKey, name: str) -> WindowState:
         return self._win[group][name]
+
+    def find(self, group: GroupKey, name: str) -> WindowState | None:
+        """The window if that group is loaded and has it, else None."""
+        return self._win.get(group, {}).get(name)
 
     def stats(self, group: GroupKey, name: str, *, trajectories: bool = True) -> TaskStats:
         """The window's statistics as :meth:`Rollup.window_stats` returns them (same task order,

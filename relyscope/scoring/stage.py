@@ -396,8 +396,7 @@ class ScoreStage:
         if interval <= 0:
             return set(cands)
         out = {k for k in cands if k not in self._ci_at}
-        # a CI stamped after now (the wall clock stepped back since): its age is unknown, so due
-        due = sorted((k for k in cands if k in self._ci_at and not 0 <= now - self._ci_at[k] < interval
+        due = sorted((k for k in cands if k in self._ci_at and _due(self._ci_at[k], now, interval)
                       and self._changed_enough(k, now)), key=lambda k: self._ci_at[k])
         dt = max(0.0, now - self._ci_clock) if self._ci_clock else self.settings.score_interval_s
         self._ci_clock = now
@@ -408,9 +407,8 @@ class ScoreStage:
         return out | set(due[:take])
 
     def _note_ci(self, key: tuple[GroupKey, str]) -> None:
-        live = self._live
-        if live is not None and live.loaded(key[0]) and key[1] in live._win[key[0]]:
-            ws = live.window(*key)
+        ws = self._live.find(*key) if self._live is not None else None
+        if ws is not None:
             self._ci_churn[key] = (ws.churn, ws.trials())
 
     def _changed_enough(self, key: tuple[GroupKey, str], now: float) -> bool:
@@ -418,15 +416,13 @@ class ScoreStage:
         ``score_ci_min_change`` of its trials (at the last refresh) changed since, or the CI is
         ``score_ci_max_age_s`` old. Drift, pooled 'other' groups and windows not in memory: yes."""
         then = self._ci_churn.get(key)
-        live = self._live
-        if key[1] == "drift" or then is None or live is None or not live.loaded(key[0]) \
-                or key[1] not in live._win[key[0]]:
+        ws = self._live.find(*key) if self._live is not None and key[1] != "drift" else None
+        if then is None or ws is None:
             return True
-        churn = live.window(*key).churn
-        if churn < then[0]:  # reloaded since: no record of what changed
+        if ws.churn < then[0]:  # reloaded since: no record of what changed
             return True
-        return (churn - then[0] >= self.settings.score_ci_min_change * max(then[1], 1)
-                or not 0 <= now - self._ci_at[key] < self.settings.score_ci_max_age_s)
+        return (ws.churn - then[0] >= self.settings.score_ci_min_change * max(then[1], 1)
+                or _due(self._ci_at[key], now, self.settings.score_ci_max_age_s))
 
     def _check_some(self, live: LiveStats, groups: set[GroupKey], now: float) -> None:
         """The periodic consistency check: compare the stalest in-memory windows with the
@@ -600,12 +596,12 @@ class ScoreStage:
         t0 = clk()
         # report sections: a changed group's are refreshed when new, on all_groups, else at most
         # one group per cycle (the stalest whose sections are _REVIEW_EVERY_S old): a review
-        # reloads and regrades _REVIEW_RECENT trials, far more than a cycle's own work
+        # aggregates the facts of _REVIEW_RECENT trials, more than a cycle's own work
         self._review_dirty |= {g for g in groups if changed_of[g] and plan[g] is None}
         self._review_dirty &= {g for g in plan if plan[g] is None}
         now_due = sorted((g for g in self._review_dirty if g in groups and (
             all_groups or g not in self._extras
-            or not 0 <= now - self._reviewed_at.get(g, 0.0) < _REVIEW_EVERY_S)),  # < 0: the clock stepped back
+            or _due(self._reviewed_at.get(g, 0.0), now, _REVIEW_EVERY_S))),
             key=lambda g: (g in self._extras, self._reviewed_at.get(g, 0.0)))
         if not all_groups:
             now_due = [g for g in now_due if g not in self._extras] or now_due[:1]
@@ -876,6 +872,12 @@ def _unpack(tid: str, blob: bytes) -> TrialFacts | None:
         return None
     v = marshal.loads(memoryview(blob)[_VER.size:])
     return TrialFacts(tid, tid[:v[0]] if isinstance(v[0], int) else v[0], *v[1:])
+
+
+def _due(stamp: float, now: float, every_s: float) -> bool:
+    """Whether something done at ``stamp`` (Unix s) is due again at ``now``: ``every_s`` passed, or
+    the stamp lies after now (the wall clock stepped back since: its age is unknown)."""
+    return not 0 <= now - stamp < every_s
 
 
 def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int) -> GroupScore:

@@ -250,17 +250,14 @@ def _pass_rows(c: NDArray[np.int64], n: NDArray[np.int64], max_k: int) -> NDArra
 
 
 def c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
-    """Per-task C_res of a window's statistics (see :func:`_c_res_per_task`): ``(n_tasks,)``,
-    NaN where undefined; each task's value depends on its own sums alone."""
-    return _c_res_per_task(st) if st.task_ids else np.zeros(0)
-
-
-def _c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
-    """Per-task C_res (metrics.md §3, as :func:`relyscope.scorers.metrics.c_res_per_task`) from the
+    """Per-task C_res ``(n_tasks,)``, NaN where undefined; each task's value depends on its own
+    sums alone (metrics.md §3, as :func:`relyscope.scorers.metrics.c_res_per_task`) from the
     exact integer sums: per resource ``CV = sqrt(var) / |mean|``; skipped (NaN) with < 2 values or
     mean = std = 0; +inf (excluded) when mean = 0 < std. The numerator ``n Σx² − (Σx)²`` is
     formed in exact integers (object arrays: elementwise Python ints, no per-task loop here)."""
     nt = len(st.task_ids)
+    if not nt:
+        return np.zeros(0)
     cv = np.full((nt, N_RES), np.nan)
     for r in range(N_RES):
         cnt = np.asarray(st.col(f"r{r}_n"), dtype=np.int64)
@@ -323,8 +320,10 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
     ul = usable.tolist()
     trajs = st.trajectories
     nt = len(trajs)
-    sub = TaskStats([st.task_ids[i] for i in ul], st.sums[usable] if st.sums.size else st.sums, [],
-                    [trajs[i] if i < nt else [] for i in ul] if nt or st.traj_values is None else [], fsums=None if st.fsums is None else st.fsums[usable])
+    # the sample's lists per usable task (none when the caller gave C_traj values without them)
+    sub_trajs = [trajs[i] if i < nt else [] for i in ul] if nt or st.traj_values is None else []
+    sub = TaskStats([st.task_ids[i] for i in ul], st.sums[usable] if st.sums.size else st.sums, [], sub_trajs,
+                    fsums=None if st.fsums is None else st.fsums[usable])
     remap = {old: new for new, old in enumerate(ul)}
     sub.hist = [(remap[t], q, p, ng) for t, q, p, ng in st.hist if t in remap]
     n_tasks = len(sub.task_ids)
