@@ -126,6 +126,12 @@ def serve(
     logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     s = _settings(store=store, otlp_grpc=otlp_grpc, otlp_http=otlp_http, api=api,
                   grace_period_s=grace_period_s, spool_dir=spool_dir, policy_file=policy_file)
+    # handlers before the "listening" line: a supervisor may stop us the moment it reads it (the
+    # default action killed the process without a graceful stop); a signal during start stops
+    # right after it
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
     try:
         sc = Sidecar(s).start()
     except Exception as e:  # noqa: BLE001 - fail fast at start-up with the reason
@@ -134,9 +140,6 @@ def serve(
     # one line a supervisor (or a test) can parse
     print(json.dumps({"event": "listening", "otlp_grpc": sc.otlp_grpc_port, "otlp_http": sc.otlp_http_port,
                       "api": sc.api_port, "store": s.store, "pid": os.getpid()}), flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
     t0 = time.monotonic()
     sc.stop()
