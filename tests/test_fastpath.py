@@ -208,8 +208,9 @@ def test_recorded_emitter_spans_same_rows_and_trials(chdb_dir):
 
 def test_redaction_same_rows_and_trials(chdb_dir):
     reqs = _bench_requests() + _spans_file_requests()
+    # one identity-token key for both runs (each pipeline would otherwise keep its own beside its spool)
     _, spans, _, _ = _same(chdb_dir, reqs, redact_deny=["gen_ai.tool.call.arguments", "llm.*"],
-                           redact_patterns=[r"\d{3}", "delivered"])
+                           redact_patterns=[r"\d{3}", "delivered"], redact_key="fastpath-same-key-0123")
     stored = json.dumps([list(map(str, r)) for r in spans])
     assert "delivered" not in stored and "[REDACTED]" in stored
 

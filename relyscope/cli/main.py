@@ -376,7 +376,8 @@ def score(
     Each request is decoded, limited and redacted as the sidecar does it (one construction,
     relyscope.collector.decoding.ingest_setup): RELYSCOPE_INGEST_DECODER (fast, the default, or
     legacy), RELYSCOPE_MAX_BODY_BYTES / MAX_ATTRIBUTES / MAX_ATTRIBUTE_LENGTH, RELYSCOPE_REDACT_DENY /
-    REDACT_PATTERNS. What the sidecar would report back (rejected spans, repairs) and how many spans
+    REDACT_ALLOW / REDACT_PATTERNS / REDACT_KEY (unset: identity tokens agree within the run only).
+    What the sidecar would report back (rejected spans, repairs) and how many spans
     were redacted is printed on stderr."""
 
     from relyscope.collector import fastpath
@@ -397,7 +398,7 @@ def score(
     # summed over the requests: what the sidecar answers in OTLP partial success (rejected spans,
     # their reasons, the repairs of accepted spans) and the spans the redaction policy changed
     tally = DecodeResult()
-    stored = redacted = 0
+    stored = redacted = tokenized = 0
     try:
         st = Store(f"chdb://{data_dir}")
         bodies = []  # (file, line number or None, body)
@@ -436,6 +437,7 @@ def score(
                     builder.add(((s, normalize(s)) for s in spans), 0.0)
                 stored += len(spans)
                 redacted += sum(1 for s in spans if "redacted" in s.flags)
+                tokenized += sum(1 for s in spans if "redacted_identity" in s.flags)
                 prog.advance(task)
         from relyscope.scorers.outcomes import apply_outcomes
 
@@ -445,14 +447,15 @@ def score(
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    _print_ingest_summary(stored, tally, redacted, settings)
+    _print_ingest_summary(stored, tally, redacted, settings, tokenized)
     _print_report(_score_trials(trials, n_boot, str(policy) if policy else None), format)
 
 
-def _print_ingest_summary(stored: int, tally, redacted: int, settings) -> None:
+def _print_ingest_summary(stored: int, tally, redacted: int, settings, tokenized: int = 0) -> None:
     """stderr lines of ``relyscope score``: spans rejected (by reason), the repairs made to stored
     ones (the sidecar's partial-success message, summed over the requests) and the spans the
-    redaction policy changed. Nothing when nothing was lost, altered or redacted."""
+    redaction policy changed (``tokenized`` of them with an identity value's secret replaced by its
+    keyed token). Nothing when nothing was lost, altered or redacted."""
     from rich.markup import escape
 
     if tally.rejected:
@@ -464,8 +467,12 @@ def _print_ingest_summary(stored: int, tally, redacted: int, settings) -> None:
         err.print(f"[yellow]ingest: {escape(msg)}[/yellow]", soft_wrap=True)
     if redacted:
         by = [n for n, v in (("RELYSCOPE_REDACT_DENY", settings.redact_deny),
+                             ("RELYSCOPE_REDACT_ALLOW", settings.redact_allow),
                              ("RELYSCOPE_REDACT_PATTERNS", settings.redact_patterns)) if v]
-        err.print(f"ingest: {redacted} of {stored} spans redacted ({', '.join(by)}) before storage", soft_wrap=True)
+        ident = (f"; {tokenized} with identity values tokenized (task / trial / session ids, agent, span name: "
+                 "[REDACTED:<hex>], distinct values stay distinct)" if tokenized else "")
+        err.print(f"ingest: {redacted} of {stored} spans redacted ({', '.join(by)}) before storage{ident}",
+                  soft_wrap=True)
 
 
 def _print_report(rep: dict, fmt) -> None:
