@@ -354,7 +354,19 @@ def window_refusal(settings, scoring, name: str) -> str | None:
         return None
     configured = [n for n, _ in scoring.windows]
     if settings.incremental_scoring or name not in configured + ["all"]:
-        return f"unknown window {name!r}; this sidecar scores {', '.join(computed)}"
+        from relyscope.scoring.windows import parse_windows
+
+        try:
+            [(_, length)] = parse_windows(name)
+        except ValueError as e:  # not a window at all (or a list of them)
+            return f"unknown window {name!r}: {e}; this sidecar scores {', '.join(computed)}"
+        same = [n for n, ln in scoring.windows if ln == length and n in computed]
+        alias = f" ({same[0]!r} is the same length: ask for window={same[0]})" if same else ""
+        return (f"unknown window {name!r}: not one of RELYSCOPE_SCORE_WINDOWS, the windows this sidecar scores "
+                f"({', '.join(computed)}){alias}; to score it, add it to RELYSCOPE_SCORE_WINDOWS "
+                f"(e.g. RELYSCOPE_SCORE_WINDOWS={','.join(configured + [name])})"
+                + ("" if settings.incremental_scoring else ", set RELYSCOPE_INCREMENTAL_SCORING=true (the default)")
+                + " and restart the sidecar")
     only = scoring.primary_window
     what = ("every stored trial" if settings.score_window_s is None else
             f"the trials that ended in the last {settings.score_window_s:g} s, RELYSCOPE_SCORE_WINDOW_S")
