@@ -208,3 +208,32 @@ def test_allow_list_keeps_listed_and_identity_keys_in_sidecar_and_score(tmp_path
                 "custom.keep", "relyscope.task.id", "gen_ai.conversation.id", "relyscope.outcome",
                 "gen_ai.operation.name", "gen_ai.agent.name"}, row["SpanAttributes"]
             assert set(row["ResourceAttributes"]) == {"service.name", "service.version"}
+
+
+def test_identity_tokens_by_hand_and_idempotent():
+    """The token of each match is HMAC-SHA256(key, match)[:16 hex] (computed with ``hmac``);
+    equal ids equal, distinct ids distinct; a value that already holds a token (read back from
+    the store and sent again, e.g. a replay's relyscope.shadow.of) keeps it, even under a pattern
+    that matches hex digits; content keys keep the plain mask; span names get tokens."""
+    from relyscope.collector.redaction import MASK, Redactor
+    from relyscope.model import CanonicalSpan
+
+    key = b"unit-test-key-0123456789abcdef"
+    red = Redactor(patterns=[r"acct-[0-9]{4}", r"[0-9a-f]{6}"], key=key)
+
+    def span(task: str, name: str = "invoke_agent support") -> CanonicalSpan:
+        return CanonicalSpan(trace_id="1" * 32, span_id="2" * 16, parent_span_id="", name=name, kind=1,
+                             start_ns=1, end_ns=2, attributes={"relyscope.task.id": task,
+                                                               "relyscope.shadow.of": task,
+                                                               "gen_ai.input.messages": f"close {task}"})
+
+    a, a2, b = red.apply(span("acct-1111")), red.apply(span("acct-1111")), red.apply(span("acct-2222"))
+    assert a.attributes["relyscope.task.id"] == _token(key, "acct-1111")
+    assert a.attributes["relyscope.task.id"] == a2.attributes["relyscope.task.id"] != b.attributes["relyscope.task.id"]
+    assert a.attributes["gen_ai.input.messages"] == f"close {MASK}"
+    assert {"redacted", "redacted_identity"} <= a.flags
+    again = red.apply(span(a.attributes["relyscope.task.id"]))
+    assert again.attributes["relyscope.shadow.of"] == a.attributes["relyscope.task.id"]
+    assert "redacted_identity" not in again.flags  # nothing left to tokenize
+    named = red.apply(span("t1", name="invoke_agent acct-1111"))
+    assert named.name == "invoke_agent " + _token(key, "acct-1111") and "redacted_identity" in named.flags

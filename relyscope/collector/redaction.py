@@ -55,6 +55,7 @@ MASK = "[REDACTED]"
 #: hex digits of HMAC-SHA256 kept in an identity value's token ``[REDACTED:<hex>]`` (64 bits)
 TOKEN_HEX = 16
 _KEY_BYTES = 32  # a generated key: 256 bits (the HMAC-SHA256 block is 512, so it is used as is)
+_TOKEN_RE = re.compile(r"\[REDACTED:[0-9a-f]{%d}\]" % TOKEN_HEX)
 #: Attributes that carry prompts, messages, tool arguments and results in the conventions
 #: relyscope reads (documentation of where content travels; masks apply to every string).
 CONTENT_KEYS = (
@@ -164,13 +165,27 @@ class Redactor:
     def _token(self, m: re.Match) -> str:
         return identity_token(self.key, m.group(0))
 
+    def _tokenize_str(self, value: str, p: re.Pattern) -> str:
+        """One pattern's tokens in ``value``, leaving tokens already there as they are (so a
+        value read back from the store and sent again — a replay's ``relyscope.shadow.of`` —
+        keeps its token even when a pattern matches hex digits)."""
+        if "[REDACTED:" not in value:
+            return p.sub(self._token, value)
+        out, pos = [], 0
+        for t in _TOKEN_RE.finditer(value):
+            out += [p.sub(self._token, value[pos:t.start()]), t.group(0)]
+            pos = t.end()
+        out.append(p.sub(self._token, value[pos:]))
+        return "".join(out)
+
     def tokenize(self, value: Any) -> Any:
         """``value`` with every pattern match in its strings replaced by its keyed token
         (:func:`identity_token`; lists and maps recursively, other types unchanged): what identity
-        values get instead of ``[REDACTED]``. Pure for a given key."""
+        values get instead of ``[REDACTED]``. Pure for a given key, and idempotent: a token already
+        in the value is left whole."""
         if isinstance(value, str):
             for p in self.patterns:
-                value = p.sub(self._token, value)
+                value = self._tokenize_str(value, p)
             return value
         if isinstance(value, list):
             return [self.tokenize(v) for v in value]
