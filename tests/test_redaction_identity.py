@@ -237,3 +237,17 @@ def test_identity_tokens_by_hand_and_idempotent():
     assert "redacted_identity" not in again.flags  # nothing left to tokenize
     named = red.apply(span("t1", name="invoke_agent acct-1111"))
     assert named.name == "invoke_agent " + _token(key, "acct-1111") and "redacted_identity" in named.flags
+
+
+def test_a_deny_glob_over_identity_keys_is_warned_about(tmp_path):
+    """``*.id`` (a plausible "drop every id" entry) matches relyscope.task.id, relyscope.trial.id,
+    gen_ai.agent.id, session.id, …: ``relyscope score`` warns on stderr, naming them."""
+    from relyscope.collector.decoding import denied_identity_keys
+
+    hit = denied_identity_keys(["*.ID"])  # case-insensitive, as the redactor matches
+    assert {"relyscope.task.id", "relyscope.trial.id", "session.id", "gen_ai.agent.id"} <= set(hit)
+    assert denied_identity_keys(["user.email", "http.request.header.*"]) == []
+    f = _spans_file(tmp_path / "runs.otlp.jsonl")
+    r = _score([f], tmp_path / "store", {"RELYSCOPE_REDACT_DENY": json.dumps(["relyscope.task.id"])})
+    line = " ".join(r.stderr.split())
+    assert "RELYSCOPE_REDACT_DENY drops 1 identity key(s) scoring reads: relyscope.task.id" in line, r.stderr

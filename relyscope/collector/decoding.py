@@ -11,7 +11,9 @@ redacted — as the sidecar would store the same request.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,7 +22,20 @@ from relyscope.collector.otlp import DecodeResult, Limits
 from relyscope.collector.records import decode_spool_record
 from relyscope.collector.redaction import Redactor, load_or_create_key
 
-__all__ = ["IngestSetup", "ingest_setup"]
+__all__ = ["IngestSetup", "ingest_setup", "denied_identity_keys"]
+
+log = logging.getLogger("relyscope.collector.decoding")
+
+
+def denied_identity_keys(deny) -> list[str]:
+    """The identity keys (:data:`~relyscope.collector.normalize.versions.EXACT_KEYS`) that the
+    ``RELYSCOPE_REDACT_DENY`` entries ``deny`` drop (case-insensitive globs, as the redactor
+    matches them), sorted: a deny list drops identity keys too — denying is explicit — so this is
+    warned about at start (a ``*.id`` glob would turn every task into a fingerprint). Pure."""
+    from relyscope.collector.normalize.versions import EXACT_KEYS
+
+    globs = [d.lower() for d in deny]
+    return sorted(k for k in EXACT_KEYS if any(fnmatch.fnmatchcase(k.lower(), g) for g in globs))
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,11 @@ def ingest_setup(settings: Any, key_file: str | None = None) -> IngestSetup:
         elif key_file is not None:
             key = load_or_create_key(key_file)
     redactor = Redactor(settings.redact_deny, settings.redact_patterns, allow=settings.redact_allow, key=key)
+    hit = denied_identity_keys(settings.redact_deny)
+    if hit:
+        log.warning("RELYSCOPE_REDACT_DENY drops %d identity key(s) scoring reads: %s%s (tasks, agents or "
+                    "outcomes may be lost or merged; RELYSCOPE_REDACT_PATTERNS tokenizes secrets in them "
+                    "instead)", len(hit), ", ".join(hit[:8]), ", …" if len(hit) > 8 else "")
     fast = settings.ingest_decoder == "fast"
     decode = (functools.partial(fastpath.decode_record, limits=limits, redactor=redactor) if fast
               else functools.partial(decode_spool_record, limits=limits))
