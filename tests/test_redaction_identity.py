@@ -72,15 +72,16 @@ def _dump_all(data_dir) -> dict:
     return json.loads(r.stdout)
 
 
-def _emit(exporter, extra: dict | None = None) -> None:
+def _emit(exporter, extra: dict | None = None, first_run: int = 0) -> None:
     """The four runs through the OTel SDK: one root agent span each, with a tool call under it."""
     tp = TracerProvider(resource=Resource.create({"service.name": "acct-agent", "service.version": "1.0"}))
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = tp.get_tracer("identity-test")
-    for task, session, outcome in RUNS:
+    for i, (task, session, outcome) in enumerate(RUNS):
         with tracer.start_as_current_span("invoke_agent support", attributes={
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "support",
-                "relyscope.task.id": task, "gen_ai.conversation.id": session, "relyscope.outcome": outcome,
+                "relyscope.task.id": task, "relyscope.trial.id": f"{task}-run{i + first_run}",
+                "gen_ai.conversation.id": session, "relyscope.outcome": outcome,
                 "gen_ai.input.messages": f"please close {task}", **(extra or {})}):
             with tracer.start_as_current_span("execute_tool lookup", attributes={
                     "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup",
@@ -121,8 +122,18 @@ def test_sidecar_keeps_tasks_apart_and_stores_no_secret(tmp_path):
         # equal values stay equal: both trials of a task share its token, and its session's
         assert sorted(t["conversation_id"] for t in trials) == sorted(
             f"sess-{_token(key, s)}" for s in ("acct-1111", "acct-1111", "acct-2222", "acct-2222"))
+        assert sorted(t["trial_id"] for t in trials) == sorted(
+            f"{_token(key, task)}-run{i}" for i, (task, _, _) in enumerate(RUNS))
         served = json.dumps(trials) + sc.get("/api/v1/sessions").text + json.dumps(sc.report())
         _assert_no_secret(served)
+        # the API takes the raw ids as the application knows them: filters and posted outcomes
+        # find the tokenized trials, and the outcome is stored with the token (its source masked)
+        assert len(sc.trials(task_id="acct-1111")) == 2
+        assert len(sc.trials(task_id=_token(key, "acct-1111"))) == 2
+        r = sc.post("/api/v1/outcomes", json={"trial_id": "acct-2222-run3", "success": False,
+                                              "source": "checked acct-2222"})
+        assert r.status_code == 200, r.text
+        assert r.json()["known"] is True and r.json()["key"] == f"{_token(key, 'acct-2222')}-run3"
         metrics = sc.get("/metrics").text
         # 8 spans changed (each carries the secret), the 4 roots and 4 tools in an identity value
         # (task id / session id on the roots; none on the tools: their secret is in the arguments)
@@ -145,7 +156,7 @@ def test_sidecar_tokens_survive_a_restart(tmp_path):
     for i in range(2):
         sc = start_sidecar(tmp_path, extra_env=env)
         try:
-            _emit(OTLPSpanExporter(endpoint=sc.otlp_http + "/v1/traces", timeout=30))
+            _emit(OTLPSpanExporter(endpoint=sc.otlp_http + "/v1/traces", timeout=30), first_run=4 * i)
             sc.flush()
             tokens.append(sorted({t["task_id"] for t in sc.trials()}))
             g = _group(sc.report())
@@ -205,7 +216,7 @@ def test_allow_list_keeps_listed_and_identity_keys_in_sidecar_and_score(tmp_path
         assert len(roots) == 4
         for row in roots:
             assert set(row["SpanAttributes"]) == {
-                "custom.keep", "relyscope.task.id", "gen_ai.conversation.id", "relyscope.outcome",
+                "custom.keep", "relyscope.task.id", "relyscope.trial.id", "gen_ai.conversation.id", "relyscope.outcome",
                 "gen_ai.operation.name", "gen_ai.agent.name"}, row["SpanAttributes"]
             assert set(row["ResourceAttributes"]) == {"service.name", "service.version"}
 
