@@ -235,7 +235,7 @@ class ScoreStage:
                 drift[g] = res
                 continue
             if g in out.get(name, {}):
-                out[name][g] = _with_cis(out[name][g], res, self.settings.n_boot)
+                out[name][g] = _with_cis(out[name][g], res, self.settings.n_boot, started)
             if name == self.primary_window:
                 rows += _window_rows(g, res, since, max_end_ns / 1e9 or started, self.settings.n_boot, name, digest)
         self.last_background = (n, secs)
@@ -565,7 +565,7 @@ class ScoreStage:
                 self._ci_scores[key] = gs
             else:
                 gs = _with_cis(score_stats(st, safety_measured=measured, n_boot=0, seed=0, max_k=s.max_k),
-                               self._ci_scores.get(key), s.n_boot)
+                               self._ci_scores.get(key), s.n_boot, self._ci_at.get(key))
             targets = [n for n, _ in self.windows] if g[2] == "offline" else [name]
             for n in targets:
                 out[n][g] = gs
@@ -880,15 +880,26 @@ def _due(stamp: float, now: float, every_s: float) -> bool:
     return not 0 <= now - stamp < every_s
 
 
-def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int) -> GroupScore:
+def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int, as_of: float | None = None) -> GroupScore:
     """Point estimates ``point`` (scored with n_boot = 0) published with the intervals of the
-    last CI refresh ``ci_from`` (a metric it lacks, or one undefined now, has none)."""
+    last CI refresh ``ci_from`` (a metric it lacks, or one undefined now, has none), computed on
+    the window's state at ``as_of`` (unix seconds). A metric whose value has changed since is
+    marked ``ci_stale``, and the score carries ``ci_as_of`` / ``ci_trials`` when any is (or when
+    the trial count changed), so reports can say the interval is older than the value."""
     import dataclasses as _dc
 
     prev = ci_from.metrics if ci_from is not None else {}
-    metrics = {k: _dc.replace(mv, ci=prev[k].ci if k in prev and not math.isnan(mv.value) else None)
-               for k, mv in point.metrics.items()}
-    return _dc.replace(point, metrics=metrics, n_boot=n_boot)
+    metrics = {}
+    any_stale = False
+    for k, mv in point.metrics.items():
+        old = prev.get(k)
+        ci = old.ci if old is not None and not math.isnan(mv.value) else None
+        stale = ci is not None and (math.isnan(old.value) or abs(old.value - mv.value) > 1e-12)
+        any_stale |= stale
+        metrics[k] = _dc.replace(mv, ci=ci, ci_stale=stale)
+    older = ci_from is not None and (any_stale or ci_from.trials != point.trials)
+    return _dc.replace(point, metrics=metrics, n_boot=n_boot,
+                       ci_as_of=as_of if older else None, ci_trials=ci_from.trials if older else None)
 
 
 def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
