@@ -625,6 +625,11 @@ class ScoreStage:
         for name in out:  # groups folded since they were published
             for g in [g for g in out[name] if g not in plan]:
                 del out[name][g]
+        for g in [g for g in drift if g not in plan]:  # gone or folded: a kept flag would fire for ever
+            del drift[g]
+        for d in (self._ci_scores, self._ci_at, self._ver, self._scored_since, self._checked_at):
+            for key in [k for k in d if k[0] not in plan]:
+                del d[key]
         self._changed -= {g for g in self._changed if self._published_as(g) in groups}
         self.window_scores = out
         self.drift = drift
