@@ -42,19 +42,25 @@ PERTURBED_FAMILIES: Final = ("fault", "env", "prompt")
 @dataclass(frozen=True, slots=True)
 class MetricValue:
     """One reported metric: ``value`` (NaN = undefined), 95 % task-clustered percentile ``ci`` or
-    None (not computed / undefined), and the tasks and trials it used."""
+    None (not computed / undefined), and the tasks and trials it used. ``ci_stale``: the interval
+    was computed on an earlier state of the window, in which this metric had another value (live
+    scoring refreshes intervals less often than values: ``RELYSCOPE_SCORE_CI_MIN_CHANGE``,
+    ``RELYSCOPE_SCORE_CI_MAX_AGE_S``), so ``value`` may lie outside it."""
 
     value: float
     ci: tuple[float, float] | None
     n_tasks: int
     n_trials: int
+    ci_stale: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class GroupScore:
     """Scores of one group. ``tasks``: distinct task ids among all given trials; ``trials``: all
     given trials (valid + invalid + incomplete); ``metrics``: keyed exactly as metrics.md §11.
-    ``formula_set``, ``n_boot``, ``seed``, ``level`` record how the numbers were made."""
+    ``formula_set``, ``n_boot``, ``seed``, ``level`` record how the numbers were made.
+    ``ci_as_of`` (unix seconds) and ``ci_trials``: when the intervals were computed and over how
+    many trials, where that was an earlier state than the values' (None: same state)."""
 
     tasks: int
     trials: int
@@ -65,6 +71,8 @@ class GroupScore:
     n_boot: int = 0
     seed: int = 0
     level: float = DEFAULT_LEVEL
+    ci_as_of: float | None = None
+    ci_trials: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (metrics.md §11): NaN values become ``None``; ``ci`` a ``[lo, hi]`` list
@@ -82,11 +90,15 @@ class GroupScore:
             "bootstrap": {"n_boot": self.n_boot, "seed": self.seed, "level": self.level},
             "metrics": {},
         }
+        if self.ci_as_of is not None:
+            out["bootstrap"] |= {"ci_as_of": self.ci_as_of, "ci_trials": self.ci_trials}
         for key, mv in self.metrics.items():
             ci = None
             if mv.ci is not None and not (math.isnan(mv.ci[0]) or math.isnan(mv.ci[1])):
                 ci = [float(mv.ci[0]), float(mv.ci[1])]
             out["metrics"][key] = {"value": num(mv.value), "ci": ci, "n_tasks": mv.n_tasks, "n_trials": mv.n_trials}
+            if mv.ci_stale and ci is not None:
+                out["metrics"][key]["ci_stale"] = True
         return out
 
 
