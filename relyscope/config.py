@@ -169,6 +169,9 @@ class Settings(BaseSettings):
     stop_timeout_s: float = Field(
         10.0, ge=0, description="graceful stop (SIGTERM): the receivers keep answering while the queue drains, "
         "at most this long; then they close and the rest stays in the spool for the next start")
+    stop_quiet_s: float = Field(
+        1.0, ge=0, description="graceful stop: the receivers close once nothing arrived for this long and the "
+        "queue is drained (within stop_timeout_s); longer where a load balancer takes a while to stop sending")
     store_retry_max_s: float = Field(
         10.0, gt=0, description="longest pause between retries of a store write that failed for a passing reason "
         "(backoff 0.5 s, 1 s, 2 s, … up to this); the spool keeps the data meanwhile")

@@ -57,7 +57,7 @@ from relyscope.collector.otlp import (
     decode_http,
     validate_http,
 )
-from relyscope.collector.otlp import _decompress as decompress  # TODO: public name
+from relyscope.collector.otlp import decompress
 from relyscope.collector.records import TAG_JSON, TAG_PROTO
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings

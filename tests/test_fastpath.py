@@ -31,7 +31,7 @@ from relyscope.collector.normalize import normalize
 from relyscope.collector.normalize.fast import OTHER_KEYS, normalize_fast
 from relyscope.collector.normalize.versions import CONVENTIONS
 from relyscope.collector.otlp import Limits, OTLPRequestError, decode_http
-from relyscope.collector.otlp import _decompress
+from relyscope.collector.otlp import decompress
 from relyscope.collector.redaction import Redactor
 from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, SpanEvent
@@ -97,7 +97,7 @@ def _same_semantics(requests, **settings) -> None:
         except OTLPRequestError:
             continue
         tag = b"J" if "json" in ct else b"P"
-        fast = fastpath.decode_record(tag + _decompress(body, enc, lim), lim, red)
+        fast = fastpath.decode_record(tag + decompress(body, enc, lim), lim, red)
         assert fast.semantics == [normalize(red.apply(s)) for s in full.spans]
 
 

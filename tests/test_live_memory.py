@@ -472,3 +472,122 @@ def test_a_clock_stepped_back_does_not_stop_report_section_refreshes(chdb_path):
     finally:
         stage.close()
         store.close()
+
+
+def test_a_ci_older_than_its_value_is_marked_stale_in_scores_report_and_gauges(chdb_path):
+    """Between CI refreshes a live window publishes new values with the last refresh's
+    intervals. 100 successes in 10 tasks give success_rate 1 with CI [1, 1]; 2 failures more (2 %
+    changed: no refresh) make it 100/102, outside that interval. The score must say so (metric
+    ``ci_stale``, ``ci_as_of`` = the refresh, ``ci_trials`` = 100), the report marks it with a note
+    naming success_rate, the age gauge is > 0; after a refresh none of it remains."""
+    from relyscope.cli.render import render_report
+    from relyscope.exporter.report import build_report
+
+    store = Store(f"chdb://{chdb_path}", database="s" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(5)
+
+    def batch(lo, hi, outcome):
+        return [dataclasses.replace(make_trial(rng, i, task=f"t{i % 10}", end_ns=int((now_s - 60 - i % 50) * 1e9),
+                                               agent="a"),
+                                    trace_id=f"{9000 + i:032x}", trial_id=f"s{i}", outcome=outcome,
+                                    status="complete", perturbation_family=None, tool_errors=0)
+                for i in range(lo, hi)]
+
+    store.insert_trials(batch(0, 100, "success"))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_background=False,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    g, key = ("a", "1.0", "production"), (("a", "1.0", "production"), "all")
+    try:
+        stage.rescore(all_groups=True)
+        gs = stage.window_scores["all"][g]
+        assert gs.metrics["success_rate"].value == 1.0 and gs.metrics["success_rate"].ci == (1.0, 1.0)
+        assert gs.ci_as_of is None and not gs.metrics["success_rate"].ci_stale
+        at = stage._ci_at[key]
+        time.sleep(0.01)
+        store.insert_trials(batch(100, 102, "failure"))
+        stage.rescore()
+        gs = stage.window_scores["all"][g]
+        mv = gs.metrics["success_rate"]
+        assert mv.value == pytest.approx(100 / 102) and mv.ci == (1.0, 1.0) and mv.ci_stale
+        assert gs.ci_as_of == at and gs.ci_trials == 100 and gs.trials == 102
+        assert gs.to_json()["metrics"]["success_rate"]["ci_stale"] is True
+        assert gs.to_json()["bootstrap"]["ci_trials"] == 100
+        rep = build_report({g: gs}, window="all")
+        grp = rep["groups"][0]
+        assert grp["metrics"]["success_rate"]["ci_stale"] is True and grp["ci_trials"] == 100
+        notes = [n for n in grp.get("notes", []) if n.startswith("CIs marked *")]
+        assert len(notes) == 1 and "over 100 trials (now 102)" in notes[0]
+        assert "outside theirs now: success_rate" in notes[0]
+        import io
+
+        from rich.console import Console
+        buf = io.StringIO()
+        render_report(rep, Console(file=buf, width=200))
+        assert "[1.000, 1.000]*" in buf.getvalue()
+
+        class _P:  # the attributes the collector reads
+            scores = stage.scores
+            scoring = stage
+
+            def report_extras(self, scores):
+                return {}
+
+        from prometheus_client import Histogram
+
+        from relyscope.exporter.prom import _ReliabilityCollector
+
+        fam = next(f for f in _ReliabilityCollector(_P(), Histogram("h", "h", registry=None)).collect()
+                   if f.name == "relyscope_score_ci_age_seconds")  # yielded before the self metrics
+        ages = [s.value for s in fam.samples if s.labels["window"] == "all" and s.labels["agent"] == "a"]
+        assert len(ages) == 1 and ages[0] > 0
+        time.sleep(0.01)
+        store.insert_trials(batch(102, 110, "failure"))  # 10 of 100 since the refresh
+        stage.rescore()
+        gs = stage.window_scores["all"][g]
+        assert stage._ci_at[key] > at and gs.ci_as_of is None and gs.ci_trials is None
+        assert not any(m.ci_stale for m in gs.metrics.values())
+        assert not [n for n in build_report({g: gs}, window="all")["groups"][0].get("notes", [])
+                    if n.startswith("CIs marked *")]
+    finally:
+        stage.close()
+        store.close()
+
+
+def test_drift_of_a_group_that_is_gone_is_not_published_any_more(chdb_path):
+    """A group whose every trial was re-keyed to another version (late spans re-finalizing the
+    runs) leaves the rollups: its scores disappear, and so must its drift — a drift flag kept
+    for a gone group would keep its alert firing for ever."""
+    store = Store(f"chdb://{chdb_path}", database="g" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(3)
+
+    def batch(version, ver_ns):
+        out = []
+        for i in range(120):
+            age = 60 + (i % 40) * 60 if i < 60 else 2 * 3600 + (i % 40) * 300  # last hour, then the 24 h before
+            t = make_trial(rng, i, task=f"t{i % 12}", end_ns=int((now_s - age) * 1e9), agent="a", version=version)
+            out.append(dataclasses.replace(t, trace_id=f"{5000 + i:032x}", trial_id=f"g{i}", outcome="success" if i % 3 else "failure",
+                                           status="complete", perturbation_family=None))
+        return out
+
+    store.insert_trials(batch("1.0", None))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_background=False,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    old, new = ("a", "1.0", "production"), ("a", "2.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        assert old in stage.drift and old in stage.window_scores["1h"]
+        time.sleep(0.01)
+        # re-keyed as the trajectory builder does it: the new rows, and a tombstone per old key
+        store.insert_trials(batch("2.0", None) + [dataclasses.replace(t, status="superseded") for t in batch("1.0", None)])
+        stage.rescore()
+        assert old not in stage.window_scores["1h"] and new in stage.window_scores["1h"]
+        assert old not in stage.drift
+        stage.rescore()
+        assert old not in stage.drift
+    finally:
+        stage.close()
+        store.close()

@@ -9,6 +9,10 @@ Reliability gauges are built at scrape time from the latest group scores:
   Undefined (NaN) metrics are skipped, never exported as 0.
 - ``relyscope_score_ci_low`` / ``relyscope_score_ci_high`` — 95 % task-clustered bootstrap bounds.
 - ``relyscope_score_tasks`` — tasks the value is based on.
+- ``relyscope_score_ci_age_seconds{agent,version,run_kind,window}`` — how much older the group's
+  intervals are than its values (0: computed on the values' data; live windows refresh CIs only
+  once ``RELYSCOPE_SCORE_CI_MIN_CHANGE`` of their trials changed, or after
+  ``RELYSCOPE_SCORE_CI_MAX_AGE_S``).
 - ``relyscope_group_trials{agent,version,run_kind,kind=valid|invalid|incomplete,window}``.
 - ``relyscope_drift_delta{agent,version,run_kind,metric,k}`` (current − reference window, metrics.md
   §10), ``relyscope_drift_ci_low`` / ``_ci_high`` (its 95 % bootstrap CI) and ``relyscope_drift_flag``
@@ -34,6 +38,7 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -60,17 +65,24 @@ class _ReliabilityCollector(Collector):
         nt = GaugeMetricFamily("relyscope_score_tasks", "Tasks the metric value is based on", labels=labels)
         tr = GaugeMetricFamily("relyscope_group_trials", "Trials per group",
                                labels=["agent", "version", "run_kind", "kind", "window"])
+        age = GaugeMetricFamily("relyscope_score_ci_age_seconds", "Seconds since the data state the group's "
+                                "CIs were computed on, when older than its values' (else 0)",
+                                labels=["agent", "version", "run_kind", "window"])
         scoring = getattr(p, "scoring", None)
         by_window = getattr(scoring, "window_scores", None) or {getattr(scoring, "primary_window", "all"): p.scores}
         for window, scores in sorted(by_window.items()):
             self._group(window, scores, val, lo, hi, nt, tr)
+            now = time.time()
+            for (agent, version, run_kind), gs in sorted(scores.items()):
+                as_of = getattr(gs, "ci_as_of", None)
+                age.add_metric([agent, version, run_kind, window], 0.0 if as_of is None else max(0.0, now - as_of))
         oc = GaugeMetricFamily("relyscope_group_outcome_trials", "Trials per group by resolved outcome "
                                "(success, failure, unknown: unknown is counted, never dropped)",
                                labels=["agent", "version", "run_kind", "outcome"])
         for (agent, version, run_kind), ex in sorted(p.report_extras(p.scores).items()):
             for outcome, n in (ex.get("outcomes") or {}).items():
                 oc.add_metric([agent, version, run_kind, outcome], n)
-        yield from (val, lo, hi, nt, tr, oc)
+        yield from (val, lo, hi, nt, tr, age, oc)
         yield from self._drift(getattr(scoring, "drift", None) or {})
         folded = GaugeMetricFamily("relyscope_label_sets_folded", "(agent, version) label sets beyond "
                                    "RELYSCOPE_MAX_LABEL_SETS scored together as agent=version='other'",

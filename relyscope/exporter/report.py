@@ -54,6 +54,8 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
             if mv.ci is not None and _num(mv.ci[0]) is not None and _num(mv.ci[1]) is not None:
                 ci = [float(mv.ci[0]), float(mv.ci[1])]
             metrics[name] = {"value": _num(mv.value), "ci": ci, "n_tasks": int(mv.n_tasks)}
+            if ci is not None and getattr(mv, "ci_stale", False):
+                metrics[name]["ci_stale"] = True
         win = "all" if window is None or run_kind == "offline" else window
         g = {"agent": agent, "version": version, "run_kind": run_kind, "window": win, "tasks": gs.tasks,
              "trials": gs.trials, "invalid_trials": gs.invalid_trials,
@@ -62,12 +64,36 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
             g.update(extras[(agent, version, run_kind)])
         g.setdefault("sections_scope", "all time" if win == "all" else f"window {win}")
         # from the metrics shown (this window's), so every report has them: batch, live, offline
-        extra_notes = pass_hat_k_notes(gs.metrics) + undefined_metric_notes(g)
+        extra_notes = pass_hat_k_notes(gs.metrics) + undefined_metric_notes(g) + stale_ci_notes(gs, metrics)
+        if getattr(gs, "ci_as_of", None) is not None:
+            g["ci_as_of"], g["ci_trials"] = float(gs.ci_as_of), gs.ci_trials
         if extra_notes:
             g["notes"] = list(g.get("notes") or []) + extra_notes
         g.pop("confidence_values", None)
         groups.append(g)
     return {"formula_set": FORMULA_SET, "groups": groups}
+
+
+def stale_ci_notes(gs, metrics: dict, now: float | None = None) -> list[str]:
+    """The note of a live window whose intervals are older than its values (``gs.ci_as_of`` set by
+    the live scorer): when they were computed, over how many trials, when they are refreshed, and
+    which values now lie outside theirs. ``metrics``: the report's metrics of that group."""
+    import time
+
+    as_of = getattr(gs, "ci_as_of", None)
+    stale = [n for n, m in metrics.items() if m.get("ci_stale")]
+    if as_of is None or not stale:
+        return []
+    age = max(0.0, (time.time() if now is None else now) - as_of)
+    ago = f"{age:.0f} s" if age < 120 else (f"{age / 60:.0f} min" if age < 7200 else f"{age / 3600:.1f} h")
+    outside = [n for n in stale if metrics[n]["value"] is not None
+               and not metrics[n]["ci"][0] <= metrics[n]["value"] <= metrics[n]["ci"][1]]
+    note = (f"CIs marked * were computed {ago} ago over {gs.ci_trials:,} trials (now {gs.trials:,}); a window's "
+            "CIs are refreshed once RELYSCOPE_SCORE_CI_MIN_CHANGE of its trials changed or after "
+            "RELYSCOPE_SCORE_CI_MAX_AGE_S")
+    if outside:
+        note += f"; outside theirs now: {', '.join(outside)}"
+    return [note]
 
 
 def _undef(metrics: dict, names) -> list[str]:

@@ -235,7 +235,7 @@ class ScoreStage:
                 drift[g] = res
                 continue
             if g in out.get(name, {}):
-                out[name][g] = _with_cis(out[name][g], res, self.settings.n_boot)
+                out[name][g] = _with_cis(out[name][g], res, self.settings.n_boot, started)
             if name == self.primary_window:
                 rows += _window_rows(g, res, since, max_end_ns / 1e9 or started, self.settings.n_boot, name, digest)
         self.last_background = (n, secs)
@@ -456,6 +456,7 @@ class ScoreStage:
         windows (× B for the every-cycle CIs), plus a share of the refreshes — never the history."""
         with self._score_lock:
             self._dirty_groups.clear()  # the rollup's watermarks find every change
+        t_sync = time.perf_counter()
         self._sync()
         if self.settings.judge_url and self._undecided:
             pending = list(self._undecided.values())
@@ -472,7 +473,7 @@ class ScoreStage:
         clk = time.perf_counter
         t0 = clk()
         live.apply(rows_in)
-        ph = self.phase_s = {"apply": clk() - t0}
+        ph = self.phase_s = {"sync": t0 - t_sync, "apply": clk() - t0}
         plan = self._plan(ru)  # published group → pooled (agent, version) members, or None
         changed_pub = {self._published_as(g) for g in self._changed}
         groups = set(plan) if all_groups or not self.window_scores else \
@@ -565,7 +566,7 @@ class ScoreStage:
                 self._ci_scores[key] = gs
             else:
                 gs = _with_cis(score_stats(st, safety_measured=measured, n_boot=0, seed=0, max_k=s.max_k),
-                               self._ci_scores.get(key), s.n_boot)
+                               self._ci_scores.get(key), s.n_boot, self._ci_at.get(key))
             targets = [n for n, _ in self.windows] if g[2] == "offline" else [name]
             for n in targets:
                 out[n][g] = gs
@@ -624,6 +625,11 @@ class ScoreStage:
         for name in out:  # groups folded since they were published
             for g in [g for g in out[name] if g not in plan]:
                 del out[name][g]
+        for g in [g for g in drift if g not in plan]:  # gone or folded: a kept flag would fire for ever
+            del drift[g]
+        for d in (self._ci_scores, self._ci_at, self._ver, self._scored_since, self._checked_at):
+            for key in [k for k in d if k[0] not in plan]:
+                del d[key]
         self._changed -= {g for g in self._changed if self._published_as(g) in groups}
         self.window_scores = out
         self.drift = drift
@@ -880,15 +886,26 @@ def _due(stamp: float, now: float, every_s: float) -> bool:
     return not 0 <= now - stamp < every_s
 
 
-def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int) -> GroupScore:
+def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int, as_of: float | None = None) -> GroupScore:
     """Point estimates ``point`` (scored with n_boot = 0) published with the intervals of the
-    last CI refresh ``ci_from`` (a metric it lacks, or one undefined now, has none)."""
+    last CI refresh ``ci_from`` (a metric it lacks, or one undefined now, has none), computed on
+    the window's state at ``as_of`` (unix seconds). A metric whose value has changed since is
+    marked ``ci_stale``, and the score carries ``ci_as_of`` / ``ci_trials`` when any is (or when
+    the trial count changed), so reports can say the interval is older than the value."""
     import dataclasses as _dc
 
     prev = ci_from.metrics if ci_from is not None else {}
-    metrics = {k: _dc.replace(mv, ci=prev[k].ci if k in prev and not math.isnan(mv.value) else None)
-               for k, mv in point.metrics.items()}
-    return _dc.replace(point, metrics=metrics, n_boot=n_boot)
+    metrics = {}
+    any_stale = False
+    for k, mv in point.metrics.items():
+        old = prev.get(k)
+        ci = old.ci if old is not None and not math.isnan(mv.value) else None
+        stale = ci is not None and (math.isnan(old.value) or abs(old.value - mv.value) > 1e-12)
+        any_stale |= stale
+        metrics[k] = _dc.replace(mv, ci=ci, ci_stale=stale)
+    older = ci_from is not None and (any_stale or ci_from.trials != point.trials)
+    return _dc.replace(point, metrics=metrics, n_boot=n_boot,
+                       ci_as_of=as_of if older else None, ci_trials=ci_from.trials if older else None)
 
 
 def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
