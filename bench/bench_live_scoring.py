@@ -111,6 +111,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the cycles; print the top functions")
     ap.add_argument("--profile-sort", default="cumulative", help="pstats sort key of --profile (e.g. tottime)")
 
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="trace Python allocations from idle on; print the largest live sites at the end")
     ap.add_argument("--queries", action="store_true",
                     help="time every store query/insert of the cycles; print the costliest statements")
     ap.add_argument("--data", default=None, help="use this already seeded directory (from --seed-only) instead of seeding")
@@ -146,8 +148,21 @@ def main() -> None:
     stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
     stored = store.query("SELECT count() FROM {db}.trials")[0][0]  # also a reused store's extra trials
-    memory.trim()
-    idle = rss_mib()
+    # idle: RSS at rest once chDB's start-up work settled. Right after the open chDB works in the
+    # background for ~15 s (RssAnon 120 → 270 → 86 MiB on the 1 M store), so an early sample is
+    # neither idle nor a floor: sample every second until the last 5 agree within 8 MiB (≤ 90 s)
+    samples: list[float] = []
+    while len(samples) < 90 and not (len(samples) >= 5 and max(samples[-5:]) - min(samples[-5:]) < 8):
+        memory.trim()
+        samples.append(rss_mib())
+        time.sleep(1.0)
+    idle = samples[-1]
+    print(f"RSS at rest after opening the store (1 s apart): {', '.join(f'{x:.0f}' for x in samples)} MiB "
+          f"→ idle {idle:.0f}", flush=True)
+    if args.tracemalloc:
+        import tracemalloc
+
+        tracemalloc.start(1)
     t0 = time.perf_counter()
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
@@ -194,15 +209,28 @@ def main() -> None:
         store.insert_trials(new)
         t0 = time.perf_counter()
         stage.rescore()  # one cycle as the sidecar's loop runs it: sync, then score
-        sync_s = stage.phase_s["sync"]
+        # (code before the sync was a phase: the whole cycle is counted as scoring)
+        sync_s = stage.phase_s.get("sync", 0.0)
         score_s = time.perf_counter() - t0 - sync_s
         memory.trim()  # the sidecar's Trimmer does this every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s)
         rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes))
+        with store._lock:  # chDB's own tracked memory (part of the RSS): not one of the timed statements
+            ch_mib = store._ready_client().query(
+                "SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'").result_rows[0][0] / 2**20
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} CI/drift refreshes due; background: {stage.last_background[0]} published, "
               f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending), "
-              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle); "
+              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle; chDB tracks {ch_mib:.0f}); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
+    if args.tracemalloc:
+        snap = tracemalloc.take_snapshot()
+        stats = snap.statistics("lineno")
+        total = sum(st.size for st in stats)
+        print(f"Python allocations alive at the end (traced since idle): {total / 2**20:.0f} MiB; RSS "
+              f"{rss_mib() - idle:+.0f} MiB over idle. Largest sites:")
+        for st in stats[:20]:
+            fr = st.traceback[0]
+            print(f"  {st.size / 2**20:7.1f} MiB {st.count:8d} blocks  {fr.filename.split('/work/main/')[-1]}:{fr.lineno}")
     if qtimes:
         print("store statements over the cycles (total s, calls, statement):")
         for key, ts in sorted(qtimes.items(), key=lambda kv: -sum(kv[1]))[:25]:
