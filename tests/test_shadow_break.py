@@ -66,3 +66,97 @@ def test_a_replay_attempt_cut_off_and_rerun_counts_once_in_the_rollups(store):
     rollup.sync()
     assert ("agent", "1.0", "shadow") not in rollup.group_sizes()
     assert rollup.group_sizes()[("agent", "1.0", "production")] == 1
+
+
+class _BadTarget:
+    """A loopback replay target misbehaving as ``mode`` says, one connection at a time (bounded:
+    every loop ends within ~20 s, and :meth:`stop` ends it)."""
+
+    def __init__(self, mode: str):
+        import socket
+        import threading
+
+        self.mode = mode
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(4)
+        self.srv.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.srv.getsockname()[1]}/relyscope/replay"
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import socket
+
+        while not self._stop.is_set():
+            try:
+                c, _ = self.srv.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with c:
+                try:
+                    c.settimeout(5)
+                    c.recv(1 << 16)
+                    if self.mode == "drip_headers":  # a status line, then one header byte every 0.2 s
+                        c.sendall(b"HTTP/1.1 200 OK\r\nx-slow: ")
+                        for _ in range(100):
+                            if self._stop.wait(0.2):
+                                break
+                            c.sendall(b"a")
+                    elif self.mode == "drip_body":  # a chunked JSON body, one space every 0.2 s
+                        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                  b"transfer-encoding: chunked\r\n\r\n")
+                        for _ in range(100):
+                            if self._stop.wait(0.2):
+                                break
+                            c.sendall(b"1\r\n \r\n")
+                    elif self.mode == "huge":  # 8 MiB of JSON whitespace around nothing
+                        n = 8 << 20
+                        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                  b"content-length: %d\r\n\r\n" % n)
+                        for _ in range(n >> 16):
+                            c.sendall(b" " * (1 << 16))
+                    elif self.mode == "drop":  # read the request, close without a word
+                        pass
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.srv.close()
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("mode, status, says", [
+    ("drip_headers", "timeout", "within 1 s"),
+    ("drip_body", "timeout", "within 1 s"),
+    ("huge", "error", "over 1048576 bytes"),
+    ("drop", "error", "unreachable"),
+])
+def test_a_misbehaving_target_ends_the_replay_within_its_deadline(store, mode, status, says):
+    """The deadline (``SHADOW_REPLAY_TIMEOUT_S`` = 1 s) bounds the whole exchange: a target that
+    trickles its headers or body (each byte well within a per-read timeout) used to hold the
+    replay — and the dispatch batch, so every later replay — for as long as it liked (20 s here,
+    forever in general); a huge reply used to be read whole into memory. Each now ends as
+    ``status`` with the reason, well within 1 s + the sidecar's own overhead."""
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    store.insert_trials([dataclasses.replace(PROD, trial_id="p1", end_ns=time.time_ns())])
+    target = _BadTarget(mode)
+    stage = ShadowStage(Settings(shadow_targets={"1.0": target.url}, shadow_k=1, shadow_families=["nominal"],
+                                 shadow_replay_timeout_s=1.0), store, proxy_base_url="http://127.0.0.1:9")
+    try:
+        stage.plan_now(trial_ids=["p1"])
+        t0 = time.monotonic()
+        assert stage.dispatch() == 1
+        took = time.monotonic() - t0
+        row, = stage.ledger.replays()
+        assert row["status"] == status and says in row["error"], row["error"]
+        assert took < 5.0, took
+    finally:
+        stage.shutdown()
+        target.stop()

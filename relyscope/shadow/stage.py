@@ -356,8 +356,6 @@ class ShadowStage:
                     "finished_at": time.time()}
 
     def _run_one(self, row: dict, prod: Trial | None) -> dict:
-        import httpx
-
         from relyscope.instrumentation.replay import ReplayRequest, ReplayTask
         from relyscope.shadow.envperturb import perturb_result
 
@@ -391,18 +389,20 @@ class ShadowStage:
             self.sessions[token] = session
         status, error = "completed", ""
         try:
-            r = httpx.post(url, json=req.to_json(), timeout=s.shadow_replay_timeout_s)
+            code, content, over = post_within(url, json.dumps(req.to_json()).encode(), s.shadow_replay_timeout_s)
             try:
-                reply = r.json()
-            except ValueError:
+                reply = None if over else json.loads(content)
+            except (ValueError, RecursionError):
                 reply = None
-            if r.status_code != 200 or not isinstance(reply, dict) or reply.get("replay_id") != rid:
-                status, error = "error", f"target {url} answered HTTP {r.status_code}: {r.text[:200]!r} (not a replay reply)"
+            if code != 200 or not isinstance(reply, dict) or reply.get("replay_id") != rid:
+                shown = content[:200].decode("utf-8", "replace")
+                size = f" (over {REPLY_MAX_BYTES} bytes)" if over else ""
+                status, error = "error", f"target {url} answered HTTP {code}{size}: {shown!r} (not a replay reply)"
             elif reply.get("status") == "failed":
                 status, error = "failed", str(reply.get("error") or "")[:500]
-        except httpx.TimeoutException:
+        except DeadlineExceeded:
             status, error = "timeout", f"no reply from {url} within {s.shadow_replay_timeout_s:g} s"
-        except httpx.HTTPError as e:
+        except TargetUnreachable as e:
             status, error = "error", f"target {url} unreachable: {e}"
         finally:
             with self._lock:
@@ -431,6 +431,103 @@ class ShadowStage:
         if session is None:
             return None
         return session.answer(call)
+
+
+#: the largest replay reply read (a reply is a few hundred bytes: replay id, status, trace id, error)
+REPLY_MAX_BYTES = 1 << 20
+
+
+class DeadlineExceeded(Exception):
+    """No complete reply within the replay's deadline."""
+
+
+class TargetUnreachable(Exception):
+    """The replay target could not be reached or broke the connection / the HTTP protocol."""
+
+
+class _CuttableBackend:
+    """An httpcore network backend (the standard sync one) that remembers the sockets it opens,
+    so that :meth:`cut` can shut them down from another thread: a blocked read returns at once."""
+
+    def __init__(self):
+        import httpcore
+
+        self._inner = httpcore.SyncBackend()
+        self._lock = threading.Lock()
+        self._socks: list[Any] = []
+        self.cut_done = False
+
+    def _keep(self, stream):
+        sock = stream.get_extra_info("socket")
+        with self._lock:
+            self._socks.append(sock)
+            late = self.cut_done
+        if late:
+            _shutdown(sock)
+        return stream
+
+    def connect_tcp(self, *a, **kw):
+        return self._keep(self._inner.connect_tcp(*a, **kw))
+
+    def connect_unix_socket(self, *a, **kw):
+        return self._keep(self._inner.connect_unix_socket(*a, **kw))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+    def cut(self) -> None:
+        with self._lock:
+            self.cut_done = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shutdown(sock)
+
+
+def _shutdown(sock) -> None:
+    import socket
+
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def post_within(url: str, body: bytes, deadline_s: float, *,
+                max_bytes: int = REPLY_MAX_BYTES) -> tuple[int, bytes, bool]:
+    """POST ``body`` (JSON) to ``url`` and read the reply, all within ``deadline_s`` seconds in
+    total — a per-read timeout alone lets a target that trickles bytes (headers or body) hold a
+    replay, and the whole dispatch batch, forever; at the deadline a watchdog shuts the socket
+    down. Reads at most ``max_bytes`` of the body. Returns ``(HTTP status, body, over)``, ``over``
+    when the body was longer (then only its first ``max_bytes``). Raises
+    :class:`DeadlineExceeded`, :class:`TargetUnreachable`. Uses httpcore (the transport under
+    httpx), whose network backend exposes the socket the watchdog needs."""
+    import httpcore
+
+    backend = _CuttableBackend()
+    timer = threading.Timer(deadline_s, backend.cut)
+    timer.daemon = True
+    t = {"connect": deadline_s, "read": deadline_s, "write": deadline_s, "pool": deadline_s}
+    headers = [(b"content-type", b"application/json"), (b"accept", b"application/json")]
+    try:
+        with httpcore.ConnectionPool(network_backend=backend, max_connections=1) as pool:
+            timer.start()
+            with pool.stream("POST", url, headers=headers, content=body, extensions={"timeout": t}) as resp:
+                buf = bytearray()
+                for chunk in resp.iter_stream():
+                    buf += chunk
+                    if len(buf) > max_bytes:
+                        return resp.status, bytes(buf[:max_bytes]), True
+                if backend.cut_done:  # a body cut short by the watchdog is no reply
+                    raise DeadlineExceeded()
+                return resp.status, bytes(buf), False
+    except httpcore.TimeoutException:
+        raise DeadlineExceeded() from None
+    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as e:
+        if backend.cut_done:
+            raise DeadlineExceeded() from None
+        raise TargetUnreachable(str(e) or type(e).__name__) from None
+    finally:
+        timer.cancel()
 
 
 def _spec_row(sp: ReplaySpec) -> dict:
