@@ -160,3 +160,25 @@ def test_a_misbehaving_target_ends_the_replay_within_its_deadline(store, mode, s
     finally:
         stage.shutdown()
         target.stop()
+
+
+def test_a_tool_call_the_proxy_refuses_is_a_sandbox_miss_in_the_ledger_too(tmp_path):
+    """A candidate whose first tool call carries 2 MiB of arguments: the proxy refuses it (413) and
+    the agent gets a SandboxMiss — so its spans say sandbox miss and it is kept out of the agent
+    metrics — but the ledger said ``completed`` with ``n_miss`` 0, so the gate's sandbox-miss rate
+    (read from the ledger) hid it. Now the refusal is logged in the replay's call log."""
+    from test_shadow_e2e import replay_and_wait, run_production, world
+
+    with world(tmp_path, ("1.1",), RELYSCOPE_SHADOW_K="2", RELYSCOPE_SHADOW_FAMILIES='["nominal"]') as w:
+        sc, effects = w.sc, w.effects
+        run_production(sc, effects, tasks=1, runs=1)
+        prod = sc.trials(run_kind="production")
+        w.agent("1.1", "--huge-call")
+        ids = replay_and_wait(sc, [prod[0]["trial_id"]])
+        rows = [sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids]
+        assert [(r["status"], r["n_miss"], r["n_calls"]) for r in rows] == [("sandbox_miss", 1, 3)] * 2
+        assert all(r["calls"][0]["match"] == "refused" and "over 1048576 bytes" in r["calls"][0]["refused"]
+                   for r in rows)
+        for t in sc.trials(run_kind="shadow"):  # the spans agree: one get_order got the sandbox's miss
+            assert [s["tool_name"] for s in t["steps"] if s["error"] == "sandbox_miss"] == ["get_order"]
+        assert len(effects.read_text().splitlines()) == 1

@@ -432,6 +432,14 @@ class ShadowStage:
             return None
         return session.answer(call)
 
+    def proxy_refuse(self, token: str, reason: str, name: Any = None) -> dict[str, Any] | None:
+        """Log a tool call the proxy could not read as a sandbox miss of the running replay
+        attempt whose token this is (:meth:`SandboxSession.refuse`); its envelope, or None for an
+        unknown token."""
+        with self._lock:
+            session = self.sessions.get(token)
+        return None if session is None else session.refuse(reason, name)
+
 
 #: the largest replay reply read (a reply is a few hundred bytes: replay id, status, trace id, error)
 REPLY_MAX_BYTES = 1 << 20
