@@ -5,6 +5,7 @@ misses). Real chDB, real loopback HTTP servers, the real stage / rollup / FastAP
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 import uuid
@@ -25,6 +26,10 @@ def chdb_path(tmp_path_factory):
 @pytest.fixture()
 def store(chdb_path):
     return Store(f"chdb://{chdb_path}", database="b" + uuid.uuid4().hex[:10])
+
+
+def counts(items) -> dict:
+    return dict(collections.Counter(items))
 
 
 def _ledger_row(trace_id: str, status: str) -> dict:
@@ -182,3 +187,77 @@ def test_a_tool_call_the_proxy_refuses_is_a_sandbox_miss_in_the_ledger_too(tmp_p
         for t in sc.trials(run_kind="shadow"):  # the spans agree: one get_order got the sandbox's miss
             assert [s["tool_name"] for s in t["steps"] if s["error"] == "sandbox_miss"] == ["get_order"]
         assert len(effects.read_text().splitlines()) == 1
+
+
+def test_a_finished_replay_is_in_the_ledger_while_its_batch_still_runs(store):
+    """Concurrency 1, three replays in one dispatch batch; the target answers the first at once and
+    holds the others until their deadline (3 s). The first replay's result must be in the ledger
+    while the others still run — it used to be written with the whole batch, so a kill -9 in
+    between lost it (run again, its first attempt's spans thrown away)."""
+    import json
+    import socket
+    import threading
+
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with c:
+                c.settimeout(5)
+                raw = b""
+                while b"\r\n\r\n" not in raw:
+                    raw += c.recv(1 << 16)
+                head, body = raw.split(b"\r\n\r\n", 1)
+                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+                while len(body) < length:
+                    body += c.recv(1 << 16)
+                n += 1
+                if n == 1:
+                    reply = json.dumps({"replay_id": json.loads(body)["replay_id"], "status": "completed"}).encode()
+                    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                              % (len(reply), reply))
+                else:
+                    stop.wait(4)
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}/relyscope/replay"
+    store.insert_trials([dataclasses.replace(PROD, trial_id="p1", end_ns=time.time_ns())])
+    stage = ShadowStage(Settings(shadow_targets={"1.0": url}, shadow_k=3, shadow_families=["nominal"],
+                                 shadow_concurrency=1, shadow_replay_timeout_s=3.0), store,
+                        proxy_base_url="http://127.0.0.1:9")
+    done = threading.Thread(target=stage.dispatch, daemon=True)
+    try:
+        stage.plan_now(trial_ids=["p1"])
+        done.start()
+        seen = {}
+        deadline = time.monotonic() + 2.5  # before the second replay's deadline
+        while time.monotonic() < deadline:
+            seen = counts(r["status"] for r in stage.ledger.replays())
+            if seen.get("completed"):
+                break
+            time.sleep(0.05)
+        assert seen == {"completed": 1, "running": 2}, seen
+        done.join(15)
+        assert counts(r["status"] for r in stage.ledger.replays()) == {"completed": 1, "timeout": 2}
+    finally:
+        stop.set()
+        done.join(15)
+        stage.shutdown()
+        srv.close()
+        th.join(10)
+

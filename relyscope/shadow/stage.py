@@ -26,7 +26,7 @@ import os
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from relyscope.config import Settings
@@ -321,8 +321,9 @@ class ShadowStage:
         return specs, notes, existing
 
     def dispatch(self, max_n: int = 8) -> int:
-        """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record their
-        results in one write. Returns how many ran."""
+        """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record each
+        result as its replay ends. Returns how many ran. Raises StoreUnavailable when results
+        could not be written (those replays stay ``running`` and are run again)."""
         # "running" rows not running here were cut off by a stop or a crash: run them again (their new
         # trace id replaces the old one, so a cut-off attempt's spans are never scored)
         rows = [r for r in self.ledger.replays(status=("scheduled", "running"), limit=max_n + len(self.running),
@@ -336,14 +337,29 @@ class ShadowStage:
         prods = {t.trial_id: t for t in self.store.load_trials(trial_ids={r["shadow_of"] for r in rows})}
         with self._lock:
             self.running.update(r["replay_id"] for r in rows)
+        # each result is written as soon as its replay ends: a crash or a stop loses (and re-runs)
+        # only the replays still running, not every finished one of the batch
+        unwritten: list[dict] = []
+        error: StoreUnavailable | None = None
         try:
-            results = list(self._pool.map(lambda r: self._run_one_safe(r, prods.get(r["shadow_of"])), rows))
-        finally:
+            futures = [self._pool.submit(self._run_one_safe, r, prods.get(r["shadow_of"])) for r in rows]
+            for f in as_completed(futures):
+                res = f.result()
+                if error is None:
+                    try:
+                        self.ledger.write_replays([res])
+                    except StoreUnavailable as e:  # keep going: the others' results are retried below
+                        error = e
+                        unwritten.append(res)
+                else:
+                    unwritten.append(res)
+                self.counts["replays"][res["status"]] += 1
+            if unwritten:
+                self.ledger.write_replays(unwritten)
+        finally:  # only when every replay of the batch ended (none is dispatched twice at once)
             with self._lock:
                 self.running.difference_update(r["replay_id"] for r in rows)
-        self.ledger.write_replays(results)
-        self.counts["replays"].update(r["status"] for r in results)
-        return len(results)
+        return len(rows)
 
     def _run_one_safe(self, row: dict, prod: Trial | None) -> dict:
         """:meth:`_run_one`, with any failure of ours recorded as the replay's ``error`` (a stage
