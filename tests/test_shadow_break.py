@@ -261,3 +261,56 @@ def test_a_finished_replay_is_in_the_ledger_while_its_batch_still_runs(store):
         srv.close()
         th.join(10)
 
+
+
+def test_robustness_of_a_shadow_group_matches_a_hand_computation(store):
+    """R_fault / R_env / R_prompt / R_Rob (metrics.md §4) of one shadow group, from the live
+    rollups and from the batch profile, against values worked out by hand. Trials per task
+    (S success, F failure, ? unknown, M a sandbox miss — kept out of agent metrics):
+
+    ====  =========  =====  ===
+    task  nominal    fault  env
+    ====  =========  =====  ===
+    A     S S F      S F    S
+    B     S F        F M ?  —
+    C     ?          S      —
+    D     F F        F      F
+    ====  =========  =====  ===
+
+    R_fault over A, B, D (C has no nominal outcome): Acc_fault = (1 + 0 + 0) / (2 + 1 + 1) = 1/4,
+    Acc_nominal = (2 + 1 + 0) / (3 + 2 + 2) = 3/7 → R_fault = (1/4) / (3/7) = 7/12.
+    R_env over A, D: Acc_env = 1/2, Acc_nominal = 2/5 → min(5/4, 1) = 1. No prompt replay:
+    R_prompt undefined (null, not 0 or 1). R_Rob = mean(7/12, 1) = 19/24."""
+    from relyscope.model import Op, Step
+    from relyscope.scorers.review import score_reviewed
+    from relyscope.scoring.rollup import window_start
+    from relyscope.scoring.stats import score_stats
+
+    now = time.time_ns()
+    plan = {"A": {"nominal": "SSF", "fault": "SF", "env": "S"}, "B": {"nominal": "SF", "fault": "FM?"},
+            "C": {"nominal": "?", "fault": "S"}, "D": {"nominal": "FF", "fault": "F", "env": "F"}}
+    miss = Step(span_id="f" * 16, parent_span_id="", action="lookup", op=Op.TOOL, name="execute_tool lookup",
+                start_ns=1, end_ns=2, tool_name="lookup", arguments={}, error="sandbox_miss")
+    trials = []
+    for task, fams in plan.items():
+        for fam, outs in fams.items():
+            for i, o in enumerate(outs):
+                tid = f"{task}{fam}{i}"
+                trials.append(dataclasses.replace(
+                    PROD, trial_id=tid, trace_id=uuid.uuid5(uuid.NAMESPACE_OID, tid).hex, task_id=task,
+                    run_kind="shadow", perturbation_family=fam, end_ns=now - 10**9,
+                    outcome={"S": "success", "F": "failure"}.get(o, "unknown"),
+                    outcome_source=None if o in "?M" else "db_state",
+                    steps=PROD.steps + ((miss,) if o == "M" else ())))
+    store.insert_trials(trials)
+    rollup = Rollup(store, None)
+    rollup.sync()
+    live = score_stats(rollup.window_stats(("agent", "1.0", "shadow"), window_start(now / 1e9, None), None),
+                       n_boot=50, seed=0, safety_measured=False)
+    batch, _ = score_reviewed(store.load_trials(run_kind="shadow"), None, n_boot=50, seed=0)
+    for score in (live, batch):
+        m = score.metrics
+        assert m["R_fault"].value == pytest.approx(7 / 12) and m["R_fault"].n_tasks == 3
+        assert m["R_env"].value == pytest.approx(1.0) and m["R_env"].n_tasks == 2
+        assert m["R_prompt"].value is None or m["R_prompt"].value != m["R_prompt"].value  # undefined
+        assert m["R_Rob"].value == pytest.approx(19 / 24)
