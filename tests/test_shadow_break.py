@@ -314,3 +314,28 @@ def test_robustness_of_a_shadow_group_matches_a_hand_computation(store):
         assert m["R_env"].value == pytest.approx(1.0) and m["R_env"].n_tasks == 2
         assert m["R_prompt"].value is None or m["R_prompt"].value != m["R_prompt"].value  # undefined
         assert m["R_Rob"].value == pytest.approx(19 / 24)
+
+
+def test_a_side_effect_answered_with_an_injected_broken_body_did_not_take_effect():
+    """Fault family: the sandbox answers ``issue_refund`` with an injected malformed body (a 200
+    whose body is broken: the step has no error, its ``fault_type`` says ``invalid_response``).
+    An agent that retries gets the recorded result the second time: it did the refund once, as
+    production did → success. It used to count the faulted call as a refund too (2 ≠ 1 →
+    failure), while an agent that ignored the broken answer and stopped scored success: R_fault
+    rewarded ignoring faults. Now the ignoring agent made no refund that took effect → failure."""
+    from relyscope.model import Op, Step
+    from relyscope.scorers.replay_outcome import equivalence_outcome
+
+    def refund(i: int, **kw) -> Step:
+        return Step(span_id=f"{i:016x}", parent_span_id="", action="issue_refund", op=Op.TOOL,
+                    name="execute_tool issue_refund", start_ns=i, end_ns=i + 1, tool_name="issue_refund",
+                    arguments={"id": 1, "amount": 30}, side_effect="irreversible", **kw)
+
+    lookup = PROD.steps[:2]
+    broken = refund(3, result='{"ok": tr', fault_type="invalid_response")
+    retried = dataclasses.replace(PROD, trial_id="r1", run_kind="shadow", shadow_of=PROD.trial_id,
+                                  outcome="unknown", perturbation_family="fault",
+                                  steps=lookup + (broken, refund(4, result={"ok": True})))
+    ignored = dataclasses.replace(retried, trial_id="r2", steps=lookup + (broken,))
+    assert equivalence_outcome(retried, PROD) == "success"
+    assert equivalence_outcome(ignored, PROD) == "failure"
