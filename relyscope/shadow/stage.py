@@ -469,35 +469,28 @@ class TargetUnreachable(Exception):
     """The replay target could not be reached or broke the connection / the HTTP protocol."""
 
 
-class _CuttableBackend:
-    """An httpcore network backend (the standard sync one) that remembers the sockets it opens,
-    so that :meth:`cut` can shut them down from another thread: a blocked read returns at once."""
+class _Watchdog:
+    """Remembers the sockets an httpx request opens (httpcore's ``trace`` extension reports each
+    new connection's network stream) so that :meth:`cut` can shut them down from another thread:
+    a blocked read returns at once."""
 
     def __init__(self):
-        import httpcore
-
-        self._inner = httpcore.SyncBackend()
         self._lock = threading.Lock()
         self._socks: list[Any] = []
         self.cut_done = False
 
-    def _keep(self, stream):
-        sock = stream.get_extra_info("socket")
+    def trace(self, name: str, info: dict) -> None:
+        if not name.endswith(("connect_tcp.complete", "connect_unix_socket.complete")):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            return
         with self._lock:
             self._socks.append(sock)
             late = self.cut_done
         if late:
             _shutdown(sock)
-        return stream
-
-    def connect_tcp(self, *a, **kw):
-        return self._keep(self._inner.connect_tcp(*a, **kw))
-
-    def connect_unix_socket(self, *a, **kw):
-        return self._keep(self._inner.connect_unix_socket(*a, **kw))
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
 
     def cut(self) -> None:
         with self._lock:
@@ -519,35 +512,35 @@ def _shutdown(sock) -> None:
 def post_within(url: str, body: bytes, deadline_s: float, *,
                 max_bytes: int = REPLY_MAX_BYTES) -> tuple[int, bytes, bool]:
     """POST ``body`` (JSON) to ``url`` and read the reply, all within ``deadline_s`` seconds in
-    total — a per-read timeout alone lets a target that trickles bytes (headers or body) hold a
-    replay, and the whole dispatch batch, forever; at the deadline a watchdog shuts the socket
-    down. Reads at most ``max_bytes`` of the body. Returns ``(HTTP status, body, over)``, ``over``
-    when the body was longer (then only its first ``max_bytes``). Raises
-    :class:`DeadlineExceeded`, :class:`TargetUnreachable`. Uses httpcore (the transport under
-    httpx), whose network backend exposes the socket the watchdog needs."""
-    import httpcore
+    total — httpx's timeouts are per read, so a target that trickles bytes (headers or body) would
+    hold a replay, and the whole dispatch batch, forever; at the deadline a watchdog shuts the
+    connection's socket down. Reads at most ``max_bytes`` of the body. Returns ``(HTTP status,
+    body, over)``, ``over`` when the body was longer (then only its first ``max_bytes``). Raises
+    :class:`DeadlineExceeded`, :class:`TargetUnreachable`."""
+    import httpx
 
-    backend = _CuttableBackend()
-    timer = threading.Timer(deadline_s, backend.cut)
+    dog = _Watchdog()
+    timer = threading.Timer(deadline_s, dog.cut)
     timer.daemon = True
-    t = {"connect": deadline_s, "read": deadline_s, "write": deadline_s, "pool": deadline_s}
-    headers = [(b"content-type", b"application/json"), (b"accept", b"application/json")]
     try:
-        with httpcore.ConnectionPool(network_backend=backend, max_connections=1) as pool:
+        with httpx.Client(timeout=deadline_s) as client:
             timer.start()
-            with pool.stream("POST", url, headers=headers, content=body, extensions={"timeout": t}) as resp:
+            # identity: a compressed reply could expand far past max_bytes within one chunk
+            headers = {"content-type": "application/json", "accept-encoding": "identity"}
+            with client.stream("POST", url, content=body, headers=headers,
+                               extensions={"trace": dog.trace}) as resp:
                 buf = bytearray()
-                for chunk in resp.iter_stream():
+                for chunk in resp.iter_bytes():
                     buf += chunk
                     if len(buf) > max_bytes:
-                        return resp.status, bytes(buf[:max_bytes]), True
-                if backend.cut_done:  # a body cut short by the watchdog is no reply
+                        return resp.status_code, bytes(buf[:max_bytes]), True
+                if dog.cut_done:  # a body cut short by the watchdog is no reply
                     raise DeadlineExceeded()
-                return resp.status, bytes(buf), False
-    except httpcore.TimeoutException:
+                return resp.status_code, bytes(buf), False
+    except httpx.TimeoutException:
         raise DeadlineExceeded() from None
-    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as e:
-        if backend.cut_done:
+    except httpx.HTTPError as e:
+        if dog.cut_done:
             raise DeadlineExceeded() from None
         raise TargetUnreachable(str(e) or type(e).__name__) from None
     finally:
