@@ -339,3 +339,30 @@ def test_a_side_effect_answered_with_an_injected_broken_body_did_not_take_effect
     ignored = dataclasses.replace(retried, trial_id="r2", steps=lookup + (broken,))
     assert equivalence_outcome(retried, PROD) == "success"
     assert equivalence_outcome(ignored, PROD) == "failure"
+
+
+def test_planning_again_cancels_the_superseded_replays_that_have_not_started(store):
+    """Experiment started twice: ``again`` while the first experiment's replays still wait. Those
+    would never count (the new experiment supersedes them) yet ran first (dispatch is oldest
+    first), holding the re-run back by a whole experiment. They are now cancelled, saying why,
+    and the next dispatch runs the new experiment's replays."""
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    store.insert_trials([dataclasses.replace(PROD, trial_id="p1", end_ns=time.time_ns())])
+    stage = ShadowStage(Settings(shadow_targets={"1.0": "http://127.0.0.1:9/replay"}, shadow_k=2,
+                                 shadow_families=["nominal"], shadow_replay_timeout_s=1.0), store,
+                        proxy_base_url="http://127.0.0.1:9")
+    try:
+        first = stage.plan_now(trial_ids=["p1"])
+        second = stage.plan_now(trial_ids=["p1"], again=True)
+        rows = {r["replay_id"]: r for r in stage.ledger.replays()}
+        assert {rows[i]["status"] for i in first["replay_ids"]} == {"cancelled"}
+        assert all("superseded by experiment" in rows[i]["error"] for i in first["replay_ids"])
+        assert {rows[i]["status"] for i in second["replay_ids"]} == {"scheduled"}
+        assert stage.dispatch(max_n=2) == 2  # the new experiment's two replays (target down: error)
+        rows = {r["replay_id"]: r for r in stage.ledger.replays()}
+        assert {rows[i]["status"] for i in second["replay_ids"]} == {"error"}
+        assert {rows[i]["status"] for i in first["replay_ids"]} == {"cancelled"}
+    finally:
+        stage.shutdown()

@@ -249,12 +249,30 @@ class ShadowStage:
                                             "requested over the API"))
         now = time.time()
         specs, notes, existing = self._schedule(chosen, salt=f"again@{time.time_ns()}" if again else "", now=now)
+        if again and specs:
+            notes += self._cancel_superseded(specs)
         self.ledger.record_decisions(decisions)
         self.counts["decisions"].update(d.decision for d in decisions)
         self._wake.set()
         return {"replay_ids": [sp.replay_id for sp in specs], "trials": [t.trial_id for t in chosen],
                 "skipped": skipped, "notes": notes, "existing": existing, "again": again,
                 "scheduled_at": now}
+
+    def _cancel_superseded(self, specs: list[ReplaySpec]) -> list[str]:
+        """Cancel the replays of earlier experiments on the trials of ``specs`` that have not
+        started yet: the new experiment supersedes them in every score and gate, so running them
+        would only spend the targets' capacity — and, dispatched oldest first, hold the new
+        experiment back. Replays already running finish (their results stay visible). Returns notes."""
+        new = {(sp.shadow_of, sp.target_version): sp.experiment for sp in specs}
+        rows = [r for r in self.ledger.replays(status="scheduled", shadow_of={so for so, _ in new}, limit=1_000_000)
+                if (r["shadow_of"], r["target_version"]) in new and r["experiment"] != new[(r["shadow_of"], r["target_version"])]]
+        if not rows:
+            return []
+        self.ledger.write_replays([{**r, "status": "cancelled", "finished_at": time.time(),
+                                    "error": f"superseded by experiment {new[(r['shadow_of'], r['target_version'])]} "
+                                             "(planned again) before it started"} for r in rows])
+        self.counts["replays"]["cancelled"] += len(rows)
+        return [f"{len(rows)} replays of earlier experiments on these trials had not started: cancelled"]
 
     def _rewrite(self, text: str, seed: int, strength: str) -> list[str]:
         from relyscope.shadow.rewriters import prompt_variants
