@@ -224,6 +224,7 @@ class Rollup:
         self.traj_sample = traj_sample
         self.write_grades = write_grades
         self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
+        self._ledger_seen: dict[str, int] = {}  # production trial id → latest ledger version checked
         self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
@@ -284,7 +285,7 @@ class Rollup:
             # crash or a stop gets a new trace id): production trials whose replays it changed
             lrows = q("SELECT shadow_of, max(version_ns) FROM {db}.shadow_replays WHERE version_ns > %(w)s "
                       "GROUP BY shadow_of", {"w": max(0, wl - OVERLAP_NS)})
-            ledger_prods = {r[0] for r in lrows}
+            ledger_prods = {r[0] for r in lrows if self._ledger_seen.get(r[0]) != int(r[1])}
             new_wl = max([wl] + [int(r[1]) for r in lrows])
             rows = q("SELECT trial_id, trace_id, version_ns FROM {db}.trials WHERE version_ns > %(w)s",
                      {"w": max(0, wt - OVERLAP_NS)})
@@ -349,6 +350,9 @@ class Rollup:
             self._seen.update((r[0], int(r[2])) for r in fresh)
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
+            self._ledger_seen.update((r[0], int(r[1])) for r in lrows)
+            lh = new_wl - OVERLAP_NS
+            self._ledger_seen = {k: v for k, v in self._ledger_seen.items() if v > lh}
             return changed
 
     def _superseded_replays(self, trace_ids: set[str], prods: set[str] = frozenset()) -> set[str]:
@@ -526,6 +530,7 @@ class Rollup:
             for table in ROLLUP_TABLES:
                 _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
             self._seen = {}
+            self._ledger_seen = {}
             self.generation += 1
             self.rows = []
             self.graded = {}  # the whole history is refolded: callers re-register (and reload)
