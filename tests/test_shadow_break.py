@@ -366,3 +366,62 @@ def test_planning_again_cancels_the_superseded_replays_that_have_not_started(sto
         assert {rows[i]["status"] for i in first["replay_ids"]} == {"cancelled"}
     finally:
         stage.shutdown()
+
+
+def test_a_tool_call_after_the_target_answered_is_a_sandbox_miss_of_its_replay(tmp_path):
+    """A replay endpoint that answers at once and runs the agent in the background (a real
+    pattern: an async job API). The sidecar ends the attempt at the answer, so every tool call the
+    agent then makes gets the sandbox's miss — its trial is kept out of the agent metrics — but
+    the ledger said ``completed`` with no miss, and the gate's sandbox-miss rate hid it. The late
+    call is now logged in the replay's call log and the row becomes ``sandbox_miss``."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from test_shadow_e2e import run_production, world
+
+    late: list[int] = []
+
+    class Early(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            req = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            body = json.dumps({"replay_id": req["replay_id"], "status": "completed"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            time.sleep(0.3)  # the "background" agent's first tool call, after the answer
+            r = httpx.post(req["tool_proxy"]["url"], json={"name": "get_order", "arguments": {"order_id": "ORD-1000"},
+                                                           "side_effect": "read", "index": 0}, timeout=10)
+            late.append(r.status_code)
+
+        def log_message(self, *a):
+            pass
+
+    with world(tmp_path, ("1.0",), RELYSCOPE_SHADOW_K="1", RELYSCOPE_SHADOW_FAMILIES='["nominal"]') as w:
+        sc = w.sc
+        run_production(sc, w.effects, tasks=1, runs=1)
+        prod = sc.trials(run_kind="production")
+        srv = ThreadingHTTPServer(("127.0.0.1", w.ports["1.0"]), Early)
+        th = threading.Thread(target=srv.serve_forever, daemon=True)
+        th.start()
+        try:
+            rid, = sc.post("/api/v1/shadow/replays", json={"trial_ids": [prod[0]["trial_id"]]}).json()["replay_ids"]
+            deadline = time.monotonic() + 30
+            row = {}
+            while time.monotonic() < deadline:
+                row = sc.get(f"/api/v1/shadow/replays/{rid}").json()
+                if late and row["status"] == "sandbox_miss":
+                    break
+                time.sleep(0.2)
+            assert late == [404]
+            assert (row["status"], row["n_miss"], row["n_calls"]) == ("sandbox_miss", 1, 1), row
+            assert row["calls"][0]["match"] == "refused" and "after its replay had ended" in row["calls"][0]["refused"]
+        finally:
+            srv.shutdown()
+            srv.server_close()
+            th.join(10)

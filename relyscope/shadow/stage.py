@@ -71,6 +71,10 @@ class ShadowStage:
         # only JSON true pauses: a hand-edited "false" (a string) must not (bool("false") is True)
         self.paused = s.shadow_paused or self._load_state().get("paused") is True
         self.sessions: dict[str, SandboxSession] = {}
+        # sessions of attempts that ended (token → session, trace id), newest last, bounded: a call
+        # that arrives after its replay ended is a sandbox miss of that replay (_flush_late)
+        self._ended: collections.OrderedDict[str, tuple[SandboxSession, str]] = collections.OrderedDict()
+        self._late: set[str] = set()
         self.running: set[str] = set()
         self.counts: dict[str, collections.Counter] = {
             "decisions": collections.Counter(), "replays": collections.Counter(), "scheduled": collections.Counter(),
@@ -167,6 +171,7 @@ class ShadowStage:
     # ---- one cycle ------------------------------------------------------------------------------
     def tick(self, now_ns: int | None = None) -> int:
         """Sample, plan and dispatch once (nothing while paused). Returns replays dispatched."""
+        self._flush_late()
         if self.paused or not self.settings.shadow_targets:
             return 0
         self.sample(now_ns)
@@ -441,6 +446,9 @@ class ShadowStage:
         finally:
             with self._lock:
                 self.sessions.pop(token, None)
+                self._ended[token] = (session, trace_id)
+                while len(self._ended) > _ENDED_KEPT:
+                    self._ended.popitem(last=False)
         summ = session.summary()
         if summ["misses"] and status in ("completed", "failed"):
             status = "sandbox_miss"
@@ -463,6 +471,7 @@ class ShadowStage:
         with self._lock:
             session = self.sessions.get(token)
         if session is None:
+            self._late_miss(token, "called after its replay had ended", call.get("name"))
             return None
         return session.answer(call)
 
@@ -472,8 +481,64 @@ class ShadowStage:
         unknown token."""
         with self._lock:
             session = self.sessions.get(token)
-        return None if session is None else session.refuse(reason, name)
+        if session is None:
+            self._late_miss(token, reason, name)
+            return None
+        return session.refuse(reason, name)
 
+    def _late_miss(self, token: str, reason: str, name: Any) -> None:
+        """A call on the token of an attempt that already ended (the target answered before its
+        agent was done — an endpoint that runs the agent in the background —, or the deadline
+        passed): the agent gets a sandbox miss, so its replay is one; logged in the ended
+        session and written to the ledger by :meth:`_flush_late`."""
+        with self._lock:
+            ended = self._ended.get(token)
+            if ended is None:
+                return
+            self._late.add(token)
+        ended[0].refuse(reason, name)
+
+    def _flush_late(self) -> None:
+        """Rewrite the ledger rows of ended attempts that got calls afterwards: their call log and
+        counts, and ``sandbox_miss`` for a replay that was ``completed`` / ``failed`` (the gate's
+        sandbox-miss rate reads the ledger). Rows not written yet wait for the next tick; rows of
+        a later attempt (a re-run) are left alone."""
+        from relyscope.store.shadow import FINISHED
+
+        with self._lock:
+            late = {t: self._ended[t] for t in self._late if t in self._ended}
+            self._late.clear()
+        if not late:
+            return
+        by_rid = {sess.replay_id: (t, sess, tid) for t, (sess, tid) in late.items()}
+        rows = self.ledger.replays(replay_ids=list(by_rid), with_calls=True, limit=len(by_rid))
+        out, retry = [], set(late)
+        for r in rows:
+            tok, sess, tid = by_rid[r["replay_id"]]
+            if r["trace_id"] != tid:  # a later attempt owns the row now
+                retry.discard(tok)
+                continue
+            if r["status"] not in FINISHED:
+                continue
+            retry.discard(tok)
+            summ = sess.summary()
+            status = "sandbox_miss" if summ["misses"] and r["status"] in ("completed", "failed") else r["status"]
+            out.append({**r, "status": status, "calls": sess.log_json(), "n_calls": summ["calls"],
+                        "n_exact": summ["exact"], "n_position": summ["position"], "n_live": summ["live"],
+                        "n_miss": summ["misses"], "n_faults": summ["faults"], "n_side_effects": summ["side_effects"]})
+        retry &= {by_rid[r["replay_id"]][0] for r in rows}  # a row gone from the ledger: nothing to do
+        try:
+            self.ledger.write_replays(out)
+        except StoreUnavailable:
+            retry |= {by_rid[r["replay_id"]][0] for r in out}
+            raise
+        finally:
+            with self._lock:
+                self._late |= retry
+
+
+#: ended replay attempts whose late tool calls are still attributed to them
+_ENDED_KEPT = 4096
 
 #: the largest replay reply read (a reply is a few hundred bytes: replay id, status, trace id, error)
 REPLY_MAX_BYTES = 1 << 20
