@@ -142,7 +142,7 @@ class Sidecar:
         self._stopped = True
         deadline = time.monotonic() + self.settings.stop_timeout_s
         if self.pipeline is not None:
-            self.pipeline.drain(self.settings.stop_timeout_s)
+            self.pipeline.drain(self.settings.stop_timeout_s, quiet_s=self.settings.stop_quiet_s)
         if getattr(self, "shadow", None) is not None:
             self.shadow.shutdown()
         if self._grpc is not None:

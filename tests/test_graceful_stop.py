@@ -21,7 +21,10 @@ from test_durability import (_start, _stop_term, check_trials, flush, keys_of, m
 def test_sigterm_keeps_answering_while_draining_then_exits_within_the_stop_time(tmp_path, sidecars):
     down = tmp_path / "down"
     down.touch()  # nothing drains: the stop lasts as long as requests keep coming, up to the stop time
-    sc = _start(sidecars, tmp_path, RELYSCOPE_FAULT_STORE_DOWN_FILE=down, RELYSCOPE_STOP_TIMEOUT_S=8)
+    # quiet 4 s: on a loaded machine a gap of > 1 s between the requests below ended the stop
+    # early and the next request was refused (the flake this test had)
+    sc = _start(sidecars, tmp_path, RELYSCOPE_FAULT_STORE_DOWN_FILE=down, RELYSCOPE_STOP_TIMEOUT_S=8,
+                RELYSCOPE_STOP_QUIET_S=4)
     traces = {}
     tid = trace_id_of(60, 0)
     traces[tid] = make_trace(tid, task="t0")
@@ -40,7 +43,7 @@ def test_sigterm_keeps_answering_while_draining_then_exits_within_the_stop_time(
     sc.proc.wait(20)
     took = time.monotonic() - t0
     assert sc.proc.returncode == 0
-    assert took < 8 + 5, took  # quiet for 1 s (store failing): well within stop time + close
+    assert 6 <= took < 8 + 5, took  # traffic >= 2.4 s, then quiet for 4 s (store failing), then close
     down.unlink()
     sc = _start(sidecars, tmp_path)
     flush(sc)
@@ -67,7 +70,7 @@ def test_stop_time_bounds_a_stop_under_continuous_traffic(tmp_path, sidecars):
     sc.proc.wait(20)
     assert sc.proc.returncode == 0
     assert 2 <= time.monotonic() - t0 < 2 + 6
-    assert answered >= 10  # it kept acknowledging during the stop
+    assert answered >= 5 + 3  # it kept acknowledging during the stop (5 were answered before it)
 
 
 def test_sigterm_prints_how_the_stop_went(tmp_path):

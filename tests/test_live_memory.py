@@ -553,3 +553,41 @@ def test_a_ci_older_than_its_value_is_marked_stale_in_scores_report_and_gauges(c
     finally:
         stage.close()
         store.close()
+
+
+def test_drift_of_a_group_that_is_gone_is_not_published_any_more(chdb_path):
+    """A group whose every trial was re-keyed to another version (late spans re-finalizing the
+    runs) leaves the rollups: its scores disappear, and so must its drift — a drift flag kept
+    for a gone group would keep its alert firing for ever."""
+    store = Store(f"chdb://{chdb_path}", database="g" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(3)
+
+    def batch(version, ver_ns):
+        out = []
+        for i in range(120):
+            age = 60 + (i % 40) * 60 if i < 60 else 2 * 3600 + (i % 40) * 300  # last hour, then the 24 h before
+            t = make_trial(rng, i, task=f"t{i % 12}", end_ns=int((now_s - age) * 1e9), agent="a", version=version)
+            out.append(dataclasses.replace(t, trace_id=f"{5000 + i:032x}", trial_id=f"g{i}", outcome="success" if i % 3 else "failure",
+                                           status="complete", perturbation_family=None))
+        return out
+
+    store.insert_trials(batch("1.0", None))
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=0.001, score_ci_background=False,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    old, new = ("a", "1.0", "production"), ("a", "2.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        assert old in stage.drift and old in stage.window_scores["1h"]
+        time.sleep(0.01)
+        # re-keyed as the trajectory builder does it: the new rows, and a tombstone per old key
+        store.insert_trials(batch("2.0", None) + [dataclasses.replace(t, status="superseded") for t in batch("1.0", None)])
+        stage.rescore()
+        assert old not in stage.window_scores["1h"] and new in stage.window_scores["1h"]
+        assert old not in stage.drift
+        stage.rescore()
+        assert old not in stage.drift
+    finally:
+        stage.close()
+        store.close()

@@ -456,6 +456,7 @@ class ScoreStage:
         windows (× B for the every-cycle CIs), plus a share of the refreshes — never the history."""
         with self._score_lock:
             self._dirty_groups.clear()  # the rollup's watermarks find every change
+        t_sync = time.perf_counter()
         self._sync()
         if self.settings.judge_url and self._undecided:
             pending = list(self._undecided.values())
@@ -472,7 +473,7 @@ class ScoreStage:
         clk = time.perf_counter
         t0 = clk()
         live.apply(rows_in)
-        ph = self.phase_s = {"apply": clk() - t0}
+        ph = self.phase_s = {"sync": t0 - t_sync, "apply": clk() - t0}
         plan = self._plan(ru)  # published group → pooled (agent, version) members, or None
         changed_pub = {self._published_as(g) for g in self._changed}
         groups = set(plan) if all_groups or not self.window_scores else \
@@ -624,6 +625,11 @@ class ScoreStage:
         for name in out:  # groups folded since they were published
             for g in [g for g in out[name] if g not in plan]:
                 del out[name][g]
+        for g in [g for g in drift if g not in plan]:  # gone or folded: a kept flag would fire for ever
+            del drift[g]
+        for d in (self._ci_scores, self._ci_at, self._ver, self._scored_since, self._checked_at):
+            for key in [k for k in d if k[0] not in plan]:
+                del d[key]
         self._changed -= {g for g in self._changed if self._published_as(g) in groups}
         self.window_scores = out
         self.drift = drift
