@@ -425,3 +425,68 @@ def test_a_tool_call_after_the_target_answered_is_a_sandbox_miss_of_its_replay(t
             srv.shutdown()
             srv.server_close()
             th.join(10)
+
+
+def test_two_sidecars_sharing_a_store_do_not_run_each_others_replays(store, tmp_path, monkeypatch):
+    """One sidecar per pod, one ClickHouse (architecture.md "Scale"): sidecar B saw sidecar A's
+    ``running`` rows as cut off by a crash and ran them again — every replay ran twice, A's
+    attempt superseded mid-flight. B now leaves them to A (its rows say which sidecar runs them),
+    and takes them over only once they are older than any attempt can last."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    seen: list[str] = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            req = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            seen.append(req["replay_id"])
+            time.sleep(1.5)
+            body = json.dumps({"replay_id": req["replay_id"], "status": "completed"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/relyscope/replay"
+    store.insert_trials([dataclasses.replace(PROD, trial_id="p1", end_ns=time.time_ns())])
+    settings = Settings(shadow_targets={"1.0": url}, shadow_k=2, shadow_families=["nominal"],
+                        shadow_concurrency=2, shadow_replay_timeout_s=5.0)
+    a = ShadowStage(settings, store, proxy_base_url="http://127.0.0.1:9", state_path=str(tmp_path / "a.json"))
+    b = ShadowStage(settings, store, proxy_base_url="http://127.0.0.1:9", state_path=str(tmp_path / "b.json"))
+    runner = threading.Thread(target=a.dispatch, daemon=True)
+    try:
+        ids = a.plan_now(trial_ids=["p1"])["replay_ids"]
+        runner.start()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(seen) < 2:
+            time.sleep(0.02)
+        assert sorted(seen) == sorted(ids)  # A runs both
+        assert b.dispatch() == 0  # B takes nothing: A is running them
+        runner.join(15)
+        assert counts(r["status"] for r in a.ledger.replays()) == {"completed": 2}
+        assert sorted(seen) == sorted(ids)  # each replay ran once
+        # A "dies" with a row running: B takes it over once it is older than deadline + margin
+        row = a.ledger.replays(replay_ids=[ids[0]])[0]
+        a.ledger.write_replays([{**row, "status": "running", "error": f"running on {a.owner}"}])
+        assert b.dispatch() == 0
+        monkeypatch.setattr("relyscope.shadow.stage._STALE_MARGIN_S", -10.0)  # as if deadline + margin passed
+        assert b.dispatch() == 1
+        assert seen.count(ids[0]) == 2
+    finally:
+        a.shutdown()
+        b.shutdown()
+        srv.shutdown()
+        srv.server_close()
+        th.join(10)

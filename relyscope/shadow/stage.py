@@ -59,6 +59,11 @@ class ShadowStage:
         self.ledger = ShadowLedger(store)
         self.policy = policy
         self.proxy_base_url = (s.shadow_proxy_url or proxy_base_url).rstrip("/")
+        # which sidecar runs a replay (several may share one store): stable across restarts of
+        # this one (host name — the pod's in Kubernetes — and its state file or proxy URL)
+        import socket
+
+        self.owner = f"{socket.gethostname()}:{state_path or self.proxy_base_url}"
         self.sampler = Sampler(s.shadow_rate, s.shadow_cap_per_hour, s.shadow_quiet_s)
         from relyscope.shadow.faults import FAULT_MIX
 
@@ -347,16 +352,29 @@ class ShadowStage:
         """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record each
         result as its replay ends. Returns how many ran. Raises StoreUnavailable when results
         could not be written (those replays stay ``running`` and are run again)."""
-        # "running" rows not running here were cut off by a stop or a crash: run them again (their new
-        # trace id replaces the old one, so a cut-off attempt's spans are never scored)
-        rows = [r for r in self.ledger.replays(status=("scheduled", "running"), limit=max_n + len(self.running),
-                                               oldest_first=True)
-                if r["replay_id"] not in self.running][:max_n]
+        # "running" rows of this sidecar not running here were cut off by a stop or a crash: run
+        # them again (their new trace id replaces the old one, so a cut-off attempt's spans are
+        # never scored). Those of another sidecar sharing the store are its business — until they
+        # are older than any attempt can last (that sidecar died with them).
+        now = time.time()
+        stale_s = self.settings.shadow_replay_timeout_s + _STALE_MARGIN_S
+        cut = [r for r in self.ledger.replays(status="running", limit=100_000, oldest_first=True)
+               if r["replay_id"] not in self.running
+               and (_runner(r) in (None, self.owner) or (r.get("updated_at") or 0) < now - stale_s)]
+        rows = sorted(cut + self.ledger.replays(status="scheduled", limit=max_n, oldest_first=True),
+                      key=lambda r: (r["scheduled_at"] or 0, r["family"], r["idx"]))[:max_n]
         if not rows:
             return 0
+        mine: dict[str, str] = {}
         for r in rows:  # trace ids are known (and stored) before any replay starts
-            r["trace_id"], r["status"], r["error"] = os.urandom(16).hex(), "running", ""
+            r["trace_id"], r["status"], r["error"] = os.urandom(16).hex(), "running", f"{_RUNNING_ON}{self.owner}"
+            mine[r["replay_id"]] = r["trace_id"]
         self.ledger.write_replays(rows)
+        # several sidecars may take the same row at once: the last write owns it, the others let go
+        now_rows = {r["replay_id"]: r for r in self.ledger.replays(replay_ids=list(mine), limit=len(mine))}
+        rows = [r for r in rows if now_rows.get(r["replay_id"], {}).get("trace_id") == mine[r["replay_id"]]]
+        if not rows:
+            return 0
         prods = {t.trial_id: t for t in self.store.load_trials(trial_ids={r["shadow_of"] for r in rows})}
         with self._lock:
             self.running.update(r["replay_id"] for r in rows)
@@ -535,6 +553,18 @@ class ShadowStage:
         finally:
             with self._lock:
                 self._late |= retry
+
+
+#: a running row of another sidecar this much older than the replay deadline is taken over
+_STALE_MARGIN_S = 30.0
+#: the ``error`` text of a running row: which sidecar runs it
+_RUNNING_ON = "running on "
+
+
+def _runner(row: dict) -> str | None:
+    """The sidecar running a ``running`` row (None: written before rows said so)."""
+    e = row.get("error") or ""
+    return e[len(_RUNNING_ON):] if e.startswith(_RUNNING_ON) else None
 
 
 #: ended replay attempts whose late tool calls are still attributed to them
