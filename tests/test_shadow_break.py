@@ -490,3 +490,23 @@ def test_two_sidecars_sharing_a_store_do_not_run_each_others_replays(store, tmp_
         srv.shutdown()
         srv.server_close()
         th.join(10)
+
+
+def test_a_family_named_twice_is_planned_once(store):
+    """``SHADOW_FAMILIES='["nominal", "fault", "fault"]'`` (a sloppy edit): the plan listed every
+    fault replay twice — the same ids — so ``start`` announced 2 + 4 replays, its progress bar
+    counted to 6 and the scheduled counter doubled, for 4 replays in the ledger."""
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    store.insert_trials([dataclasses.replace(PROD, trial_id="p1", end_ns=time.time_ns())])
+    stage = ShadowStage(Settings(shadow_targets={"1.0": "http://127.0.0.1:9/replay"}, shadow_k=2,
+                                 shadow_families=["nominal", "fault", "fault"]), store,
+                        proxy_base_url="http://127.0.0.1:9")
+    try:
+        ids = stage.plan_now(trial_ids=["p1"])["replay_ids"]
+        assert len(ids) == len(set(ids)) == 4
+        assert dict(stage.counts["scheduled"]) == {"nominal": 2, "fault": 2}
+        assert len(stage.ledger.replays()) == 4
+    finally:
+        stage.shutdown()
