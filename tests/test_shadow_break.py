@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from relyscope.scoring.rollup import Rollup
-from relyscope.store import Store
+from relyscope.store import Store, StoreUnavailable
 from relyscope.store.shadow import ShadowLedger
 from test_shadow_units import PROD
 
@@ -508,5 +508,36 @@ def test_a_family_named_twice_is_planned_once(store):
         assert len(ids) == len(set(ids)) == 4
         assert dict(stage.counts["scheduled"]) == {"nominal": 2, "fault": 2}
         assert len(stage.ledger.replays()) == 4
+    finally:
+        stage.shutdown()
+
+
+def test_decisions_that_could_not_be_stored_do_not_use_up_the_hourly_cap(chdb_path, tmp_path):
+    """Rate 1, cap 1 per hour, two finished runs. The store refuses the decisions once (a
+    transient error after the replays were planned): the retry next tick decided the first run
+    ``over_cap`` — the failed try had already counted it against the cap — although its replays
+    were scheduled. Now the cap is taken only once the decisions are stored: the first run is
+    ``sampled``, the second ``over_cap``, and each has one decision."""
+    import json
+
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    fault = tmp_path / "fault"
+    store = Store(f"chdb://{chdb_path}", database="b" + uuid.uuid4().hex[:10], fault_file=str(fault))
+    now = time.time_ns()
+    store.insert_trials([dataclasses.replace(PROD, trial_id="p1", trace_id="1" * 32, end_ns=now - 2 * 10**9),
+                         dataclasses.replace(PROD, trial_id="p2", trace_id="2" * 32, end_ns=now - 10**9)])
+    stage = ShadowStage(Settings(shadow_targets={"1.0": "http://127.0.0.1:9/replay"}, shadow_k=1,
+                                 shadow_families=["nominal"], shadow_rate=1.0, shadow_cap_per_hour=1,
+                                 shadow_quiet_s=0), store, proxy_base_url="http://127.0.0.1:9")
+    try:
+        fault.write_text(json.dumps({"code": 241, "tables": ["shadow_samples"]}))  # MEMORY_LIMIT_EXCEEDED
+        with pytest.raises(StoreUnavailable):
+            stage.sample(now)
+        fault.unlink()
+        got = {d.trial_id: d.decision for d in stage.sample(now)}
+        assert got == {"p1": "sampled", "p2": "over_cap"}
+        assert {r["shadow_of"] for r in stage.ledger.replays()} == {"p1"}
     finally:
         stage.shutdown()

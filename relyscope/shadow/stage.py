@@ -205,7 +205,8 @@ class ShadowStage:
         if not new:
             return []
         trials = [t for t in self.store.load_trials(trial_ids=new) if self.sampler.eligible(t, now_ns)]
-        counts = self._sampled_this_hour(now_ns / 1e9)
+        hour = self._sampled_this_hour(now_ns / 1e9)
+        counts = dict(hour)  # taken from the hour's cap only once the decisions are stored
         decisions, sampled = [], []
         for t in sorted(trials, key=lambda t: t.end_ns):
             d = self.sampler.decide(t, counts)
@@ -215,6 +216,7 @@ class ShadowStage:
                 sampled.append(t)
         self._schedule(sampled)
         self.ledger.record_decisions(decisions)
+        hour.update(counts)
         self.counts["decisions"].update(d.decision for d in decisions)
         return decisions
 
