@@ -513,10 +513,11 @@ class ShadowStage:
         session and written to the ledger by :meth:`_flush_late`."""
         with self._lock:
             ended = self._ended.get(token)
-            if ended is None:
-                return
+        if ended is None:
+            return
+        ended[0].refuse(reason, name)  # logged before it is flagged: a flush then sees it
+        with self._lock:
             self._late.add(token)
-        ended[0].refuse(reason, name)
 
     def _flush_late(self) -> None:
         """Rewrite the ledger rows of ended attempts that got calls afterwards: their call log and
