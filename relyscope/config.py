@@ -329,7 +329,7 @@ class Settings(BaseSettings):
         if bad or "nominal" not in v:
             raise ValueError(f"shadow_families: use nominal plus any of prompt, fault, env (got {v!r}); "
                              "nominal is the baseline every robustness ratio divides by")
-        return v
+        return list(dict.fromkeys(v))  # a family named twice is planned once (its replay ids are the same)
 
     @field_validator("shadow_targets")
     @classmethod

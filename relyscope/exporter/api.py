@@ -150,7 +150,10 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > MAX_API_BODY_BYTES:
+        # the tool proxy caps its own bodies and must see a refused call: the replay it belongs
+        # to is a sandbox miss (relyscope.exporter.shadow_api)
+        if declared and declared.isdigit() and int(declared) > MAX_API_BODY_BYTES \
+                and not request.url.path.startswith("/shadow/v1/sessions/"):
             return JSONResponse({"detail": f"request body over {MAX_API_BODY_BYTES} bytes"}, status_code=413)
         return await call_next(request)
 

@@ -2,7 +2,8 @@
 
 - ``POST /shadow/v1/sessions/{token}/tool-calls`` — the tool proxy a replayed agent calls (no
   bearer token: the random token of a *running* replay attempt, handed to the agent in its
-  request, is the capability; any other token gets 404; bodies over 1 MiB get 413, chunked or not). Body ``{"name", "arguments", "call_id", "side_effect", "index"}``; the answer is the
+  request, is the capability; any other token gets 404; bodies over 1 MiB get 413, chunked or not;
+  a refused call — 413, 400 — is a sandbox miss of that replay, as the agent sees it). Body ``{"name", "arguments", "call_id", "side_effect", "index"}``; the answer is the
   sandbox's JSON envelope with an HTTP status that mirrors it (an injected timeout really waits).
 - ``GET /api/v1/shadow`` — state: paused, targets, decisions and replays by kind, proxy counts.
 - ``GET /api/v1/shadow/replays`` (filters ``status``, ``shadow_of``, ``target_version``,
@@ -118,8 +119,10 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
     async def tool_call(token: str, request: Request) -> JSONResponse:
         st = _stage(pipeline)
 
-        def miss(msg: str, status: int) -> JSONResponse:
-            return JSONResponse({"outcome": "sandbox_miss", "message": msg}, status_code=status)
+        def miss(msg: str, status: int, name: Any = None) -> JSONResponse:
+            # the agent sees a sandbox miss: the running replay attempt (if the token is one) counts it
+            env = st.proxy_refuse(token, msg, name) if status != 404 else None
+            return JSONResponse(env or {"outcome": "sandbox_miss", "message": msg}, status_code=status)
 
         body, size = [], 0
         async for chunk in request.stream():  # capped whatever Content-Length says (chunked uploads)
@@ -136,7 +139,7 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         try:
             ans = st.proxy_answer(token, call)
         except (ValueError, TypeError, RecursionError) as e:
-            return miss(f"invalid tool call: {e}", 400)
+            return miss(f"invalid tool call: {e}", 400, call.get("name"))
         if ans is None:
             return miss("no running replay has this proxy token", 404)
         if ans.delay_s > 0:

@@ -3,7 +3,8 @@ checks that keep replays honest.
 
 The *side-effect signature* of a trial is the multiset of its side-effecting tool calls
 (``write`` / ``irreversible`` by the span or the policy's ``side_effects``), each as (tool name,
-canonical JSON arguments), counting only calls that took effect (no error on the step). A replay
+canonical JSON arguments), counting only calls that took effect (no error on the step, no
+injected fault: a partial / malformed / empty body is a failed call too). A replay
 (a trial with ``shadow_of``) whose outcome is still unknown after §6 items 1–3 gets:
 
 - ``success`` if the production run it replays is a verified success and the signatures are equal;
@@ -81,7 +82,10 @@ def side_effect_signature(trial: Trial, policy_side_effects: Mapping[str, str] |
     treat as side-effecting whatever this trial's spans say."""
     sig: collections.Counter = collections.Counter()
     for s in trial.steps:
-        if s.op is not Op.TOOL or not s.tool_name or s.error is not None:
+        # a call that failed did not take effect — an injected fault is a failure whatever its
+        # form: a partial / malformed / empty body comes back as a result (no error) yet the
+        # call failed, as a timeout or a 500 does (the agent that retries it is the robust one)
+        if s.op is not Op.TOOL or not s.tool_name or s.error is not None or s.fault_type is not None:
             continue
         if s.tool_name in also or _side_effect(s.tool_name, s.side_effect, policy_side_effects) in _SIDE_EFFECTING:
             sig[(s.tool_name, _canonical(s.arguments))] += 1

@@ -224,6 +224,7 @@ class Rollup:
         self.traj_sample = traj_sample
         self.write_grades = write_grades
         self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
+        self._ledger_seen: dict[str, int] = {}  # production trial id → latest ledger version checked
         self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
@@ -278,7 +279,14 @@ class Rollup:
         with self._lock:
             st = self._state()
             wt, wo, wj = st.get("trials_wm", 0), st.get("outcomes_wm", 0), st.get("judge_wm", 0)
+            wl = st.get("ledger_wm", 0)
             q = self.store.query
+            # the shadow ledger decides which replay attempt of a trial counts (a re-run after a
+            # crash or a stop gets a new trace id): production trials whose replays it changed
+            lrows = q("SELECT shadow_of, max(version_ns) FROM {db}.shadow_replays WHERE version_ns > %(w)s "
+                      "GROUP BY shadow_of", {"w": max(0, wl - OVERLAP_NS)})
+            ledger_prods = {r[0] for r in lrows if self._ledger_seen.get(r[0]) != int(r[1])}
+            new_wl = max([wl] + [int(r[1]) for r in lrows])
             rows = q("SELECT trial_id, trace_id, version_ns FROM {db}.trials WHERE version_ns > %(w)s",
                      {"w": max(0, wt - OVERLAP_NS)})
             # rows of the overlap already folded by this process need no second pass
@@ -321,17 +329,18 @@ class Rollup:
                         "(SELECT trial_id FROM {db}.trials WHERE trace_id IN %(t)s)", {"t": sorted(slow)})}
                 slow |= replays
                 trace_ids |= replays
-                # a new experiment on a trial (`shadow start --again`) supersedes its earlier
-                # replays: their contributions are retracted when the new replays arrive
-                superseded = self._superseded_replays(trace_ids)
-                slow |= superseded
-                trace_ids |= superseded
+            # a new experiment on a trial (`shadow start --again`) or a re-run of a cut-off replay
+            # attempt supersedes earlier replays: their contributions are retracted as soon as the
+            # ledger or the new replays say so
+            superseded = self._superseded_replays(trace_ids, ledger_prods)
+            slow |= superseded
+            trace_ids |= superseded
             fast = {t: v for t, v in fast.items() if t in trace_ids and t not in slow}
             changed: set[GroupKey] = set()
             tids = sorted(trace_ids)
             for i in range(0, len(tids), _BATCH):
                 changed |= self._refold(tids[i:i + _BATCH], fast, wmin)
-            self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj})
+            self._save_state({"trials_wm": new_wt, "outcomes_wm": new_wo, "judge_wm": new_wj, "ledger_wm": new_wl})
             if not self._retention_applied:
                 # every trial stored before this sync is folded in now: only from here may the
                 # tables the rollups are made from expire (a store older than its rollups would
@@ -341,29 +350,32 @@ class Rollup:
             self._seen.update((r[0], int(r[2])) for r in fresh)
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
+            self._ledger_seen.update((r[0], int(r[1])) for r in lrows)
+            lh = new_wl - OVERLAP_NS
+            self._ledger_seen = {k: v for k, v in self._ledger_seen.items() if v > lh}
             return changed
 
-    def _superseded_replays(self, trace_ids: set[str]) -> set[str]:
-        """Trace ids of stored replays of the same production trials as the replays among
-        ``trace_ids`` that a later experiment on those trials superseded (see
-        :meth:`relyscope.store.shadow.ShadowLedger.replay_traces`). Cost: a lookup by these trace
-        ids, then only for trials replayed in more than one experiment, by their ids."""
+    def _superseded_replays(self, trace_ids: set[str], prods: set[str] = frozenset()) -> set[str]:
+        """Trace ids of stored replays that the shadow ledger no longer counts
+        (:meth:`relyscope.store.shadow.ShadowLedger.replay_traces`: a later experiment on the same
+        production trial, or a later attempt of the same replay — a re-run after a crash or a stop
+        gets a new trace id), among the replays of ``prods`` and of the production trials the
+        replays among ``trace_ids`` copy. Cost: lookups by these ids only."""
         from relyscope.store.shadow import ShadowLedger
 
         q = self.store.query
-        prods = {r[0] for r in q("SELECT DISTINCT shadow_of FROM {db}.trials WHERE trace_id IN %(t)s "
-                                 "AND shadow_of IS NOT NULL AND shadow_of != ''", {"t": sorted(trace_ids)})}
+        prods = set(prods)
+        if trace_ids:
+            prods |= {r[0] for r in q("SELECT DISTINCT shadow_of FROM {db}.trials WHERE trace_id IN %(t)s "
+                                      "AND shadow_of IS NOT NULL AND shadow_of != ''", {"t": sorted(trace_ids)})}
         if not prods:
             return set()
-        again = {r[0] for r in q("SELECT shadow_of FROM {db}.shadow_replays WHERE shadow_of IN %(p)s "
-                                 "GROUP BY shadow_of, target_version HAVING uniqExact(experiment) > 1",
-                                 {"p": sorted(prods)})}
-        if not again:
+        current = ShadowLedger(self.store).replay_traces(prods)
+        if not current:
             return set()
-        current = ShadowLedger(self.store).replay_traces(again)
         return {tid for tid, so in q("SELECT DISTINCT trace_id, shadow_of FROM {db}.trials WHERE shadow_of IN %(p)s",
-                                     {"p": sorted(again)})
-                if so in current and tid not in current[so]}
+                                     {"p": sorted(current)})
+                if tid not in current[so]}
 
     def _refold(self, trace_ids: list[str], fast: dict[str, set[str]] | None = None,
                 min_version_ns: int = 0) -> set[GroupKey]:
@@ -518,6 +530,7 @@ class Rollup:
             for table in ROLLUP_TABLES:
                 _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
             self._seen = {}
+            self._ledger_seen = {}
             self.generation += 1
             self.rows = []
             self.graded = {}  # the whole history is refolded: callers re-register (and reload)

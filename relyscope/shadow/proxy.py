@@ -248,6 +248,21 @@ class SandboxSession:
             entry["env_transforms"] = list(p.transforms)
         return ProxyAnswer({**base, "outcome": "result", "result": result})
 
+    def refuse(self, reason: str, name: Any = None) -> dict[str, Any]:
+        """Log a call the proxy could not read (oversize or malformed body, invalid fields) as a
+        ``sandbox_miss`` (match ``refused``): the agent gets the sandbox's miss for it, so the
+        replay is a sandbox miss in the ledger as in its spans. Returns the envelope."""
+        with self._lock:
+            index = len(self.calls)
+            env = {"replay_id": self.replay_id, "outcome": "sandbox_miss", "match": "refused", "index": index,
+                   "recorded": False, "message": f"sandbox: tool call refused ({reason}); the replay is marked "
+                                                 "sandbox_miss"}
+            self.calls.append({"index": index, "name": name if isinstance(name, str) else None, "arguments": None,
+                               "canonical": None, "call_id": None, "match": "refused", "side_effect": None,
+                               "side_effecting": False, "executed": False, "outcome": "sandbox_miss",
+                               "refused": reason[:200]})
+            return env
+
     # ---- summary --------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Counts of the call log: calls, exact, position, live, misses, faults, side effects

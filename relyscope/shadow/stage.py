@@ -26,7 +26,7 @@ import os
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from relyscope.config import Settings
@@ -59,6 +59,11 @@ class ShadowStage:
         self.ledger = ShadowLedger(store)
         self.policy = policy
         self.proxy_base_url = (s.shadow_proxy_url or proxy_base_url).rstrip("/")
+        # which sidecar runs a replay (several may share one store): stable across restarts of
+        # this one (host name — the pod's in Kubernetes — and its state file or proxy URL)
+        import socket
+
+        self.owner = f"{socket.gethostname()}:{state_path or self.proxy_base_url}"
         self.sampler = Sampler(s.shadow_rate, s.shadow_cap_per_hour, s.shadow_quiet_s)
         from relyscope.shadow.faults import FAULT_MIX
 
@@ -71,6 +76,10 @@ class ShadowStage:
         # only JSON true pauses: a hand-edited "false" (a string) must not (bool("false") is True)
         self.paused = s.shadow_paused or self._load_state().get("paused") is True
         self.sessions: dict[str, SandboxSession] = {}
+        # sessions of attempts that ended (token → session, trace id), newest last, bounded: a call
+        # that arrives after its replay ended is a sandbox miss of that replay (_flush_late)
+        self._ended: collections.OrderedDict[str, tuple[SandboxSession, str]] = collections.OrderedDict()
+        self._late: set[str] = set()
         self.running: set[str] = set()
         self.counts: dict[str, collections.Counter] = {
             "decisions": collections.Counter(), "replays": collections.Counter(), "scheduled": collections.Counter(),
@@ -167,6 +176,7 @@ class ShadowStage:
     # ---- one cycle ------------------------------------------------------------------------------
     def tick(self, now_ns: int | None = None) -> int:
         """Sample, plan and dispatch once (nothing while paused). Returns replays dispatched."""
+        self._flush_late()
         if self.paused or not self.settings.shadow_targets:
             return 0
         self.sample(now_ns)
@@ -195,7 +205,8 @@ class ShadowStage:
         if not new:
             return []
         trials = [t for t in self.store.load_trials(trial_ids=new) if self.sampler.eligible(t, now_ns)]
-        counts = self._sampled_this_hour(now_ns / 1e9)
+        hour = self._sampled_this_hour(now_ns / 1e9)
+        counts = dict(hour)  # taken from the hour's cap only once the decisions are stored
         decisions, sampled = [], []
         for t in sorted(trials, key=lambda t: t.end_ns):
             d = self.sampler.decide(t, counts)
@@ -205,6 +216,7 @@ class ShadowStage:
                 sampled.append(t)
         self._schedule(sampled)
         self.ledger.record_decisions(decisions)
+        hour.update(counts)
         self.counts["decisions"].update(d.decision for d in decisions)
         return decisions
 
@@ -249,12 +261,30 @@ class ShadowStage:
                                             "requested over the API"))
         now = time.time()
         specs, notes, existing = self._schedule(chosen, salt=f"again@{time.time_ns()}" if again else "", now=now)
+        if again and specs:
+            notes += self._cancel_superseded(specs)
         self.ledger.record_decisions(decisions)
         self.counts["decisions"].update(d.decision for d in decisions)
         self._wake.set()
         return {"replay_ids": [sp.replay_id for sp in specs], "trials": [t.trial_id for t in chosen],
                 "skipped": skipped, "notes": notes, "existing": existing, "again": again,
                 "scheduled_at": now}
+
+    def _cancel_superseded(self, specs: list[ReplaySpec]) -> list[str]:
+        """Cancel the replays of earlier experiments on the trials of ``specs`` that have not
+        started yet: the new experiment supersedes them in every score and gate, so running them
+        would only spend the targets' capacity — and, dispatched oldest first, hold the new
+        experiment back. Replays already running finish (their results stay visible). Returns notes."""
+        new = {(sp.shadow_of, sp.target_version): sp.experiment for sp in specs}
+        rows = [r for r in self.ledger.replays(status="scheduled", shadow_of={so for so, _ in new}, limit=1_000_000)
+                if (r["shadow_of"], r["target_version"]) in new and r["experiment"] != new[(r["shadow_of"], r["target_version"])]]
+        if not rows:
+            return []
+        self.ledger.write_replays([{**r, "status": "cancelled", "finished_at": time.time(),
+                                    "error": f"superseded by experiment {new[(r['shadow_of'], r['target_version'])]} "
+                                             "(planned again) before it started"} for r in rows])
+        self.counts["replays"]["cancelled"] += len(rows)
+        return [f"{len(rows)} replays of earlier experiments on these trials had not started: cancelled"]
 
     def _rewrite(self, text: str, seed: int, strength: str) -> list[str]:
         from relyscope.shadow.rewriters import prompt_variants
@@ -321,29 +351,58 @@ class ShadowStage:
         return specs, notes, existing
 
     def dispatch(self, max_n: int = 8) -> int:
-        """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record their
-        results in one write. Returns how many ran."""
-        # "running" rows not running here were cut off by a stop or a crash: run them again (their new
-        # trace id replaces the old one, so a cut-off attempt's spans are never scored)
-        rows = [r for r in self.ledger.replays(status=("scheduled", "running"), limit=max_n + len(self.running),
-                                               oldest_first=True)
-                if r["replay_id"] not in self.running][:max_n]
+        """Run up to ``max_n`` scheduled replays (``shadow_concurrency`` at a time), record each
+        result as its replay ends. Returns how many ran. Raises StoreUnavailable when results
+        could not be written (those replays stay ``running`` and are run again)."""
+        # "running" rows of this sidecar not running here were cut off by a stop or a crash: run
+        # them again (their new trace id replaces the old one, so a cut-off attempt's spans are
+        # never scored). Those of another sidecar sharing the store are its business — until they
+        # are older than any attempt can last (that sidecar died with them).
+        now = time.time()
+        stale_s = self.settings.shadow_replay_timeout_s + _STALE_MARGIN_S
+        cut = [r for r in self.ledger.replays(status="running", limit=100_000, oldest_first=True)
+               if r["replay_id"] not in self.running
+               and (_runner(r) in (None, self.owner) or (r.get("updated_at") or 0) < now - stale_s)]
+        rows = sorted(cut + self.ledger.replays(status="scheduled", limit=max_n, oldest_first=True),
+                      key=lambda r: (r["scheduled_at"] or 0, r["family"], r["idx"]))[:max_n]
         if not rows:
             return 0
+        mine: dict[str, str] = {}
         for r in rows:  # trace ids are known (and stored) before any replay starts
-            r["trace_id"], r["status"], r["error"] = os.urandom(16).hex(), "running", ""
+            r["trace_id"], r["status"], r["error"] = os.urandom(16).hex(), "running", f"{_RUNNING_ON}{self.owner}"
+            mine[r["replay_id"]] = r["trace_id"]
         self.ledger.write_replays(rows)
+        # several sidecars may take the same row at once: the last write owns it, the others let go
+        now_rows = {r["replay_id"]: r for r in self.ledger.replays(replay_ids=list(mine), limit=len(mine))}
+        rows = [r for r in rows if now_rows.get(r["replay_id"], {}).get("trace_id") == mine[r["replay_id"]]]
+        if not rows:
+            return 0
         prods = {t.trial_id: t for t in self.store.load_trials(trial_ids={r["shadow_of"] for r in rows})}
         with self._lock:
             self.running.update(r["replay_id"] for r in rows)
+        # each result is written as soon as its replay ends: a crash or a stop loses (and re-runs)
+        # only the replays still running, not every finished one of the batch
+        unwritten: list[dict] = []
+        error: StoreUnavailable | None = None
         try:
-            results = list(self._pool.map(lambda r: self._run_one_safe(r, prods.get(r["shadow_of"])), rows))
-        finally:
+            futures = [self._pool.submit(self._run_one_safe, r, prods.get(r["shadow_of"])) for r in rows]
+            for f in as_completed(futures):
+                res = f.result()
+                if error is None:
+                    try:
+                        self.ledger.write_replays([res])
+                    except StoreUnavailable as e:  # keep going: the others' results are retried below
+                        error = e
+                        unwritten.append(res)
+                else:
+                    unwritten.append(res)
+                self.counts["replays"][res["status"]] += 1
+            if unwritten:
+                self.ledger.write_replays(unwritten)
+        finally:  # only when every replay of the batch ended (none is dispatched twice at once)
             with self._lock:
                 self.running.difference_update(r["replay_id"] for r in rows)
-        self.ledger.write_replays(results)
-        self.counts["replays"].update(r["status"] for r in results)
-        return len(results)
+        return len(rows)
 
     def _run_one_safe(self, row: dict, prod: Trial | None) -> dict:
         """:meth:`_run_one`, with any failure of ours recorded as the replay's ``error`` (a stage
@@ -356,8 +415,6 @@ class ShadowStage:
                     "finished_at": time.time()}
 
     def _run_one(self, row: dict, prod: Trial | None) -> dict:
-        import httpx
-
         from relyscope.instrumentation.replay import ReplayRequest, ReplayTask
         from relyscope.shadow.envperturb import perturb_result
 
@@ -391,22 +448,27 @@ class ShadowStage:
             self.sessions[token] = session
         status, error = "completed", ""
         try:
-            r = httpx.post(url, json=req.to_json(), timeout=s.shadow_replay_timeout_s)
+            code, content, over = post_within(url, json.dumps(req.to_json()).encode(), s.shadow_replay_timeout_s)
             try:
-                reply = r.json()
-            except ValueError:
+                reply = None if over else json.loads(content)
+            except (ValueError, RecursionError):
                 reply = None
-            if r.status_code != 200 or not isinstance(reply, dict) or reply.get("replay_id") != rid:
-                status, error = "error", f"target {url} answered HTTP {r.status_code}: {r.text[:200]!r} (not a replay reply)"
+            if code != 200 or not isinstance(reply, dict) or reply.get("replay_id") != rid:
+                shown = content[:200].decode("utf-8", "replace")
+                size = f" (over {REPLY_MAX_BYTES} bytes)" if over else ""
+                status, error = "error", f"target {url} answered HTTP {code}{size}: {shown!r} (not a replay reply)"
             elif reply.get("status") == "failed":
                 status, error = "failed", str(reply.get("error") or "")[:500]
-        except httpx.TimeoutException:
+        except DeadlineExceeded:
             status, error = "timeout", f"no reply from {url} within {s.shadow_replay_timeout_s:g} s"
-        except httpx.HTTPError as e:
+        except TargetUnreachable as e:
             status, error = "error", f"target {url} unreachable: {e}"
         finally:
             with self._lock:
                 self.sessions.pop(token, None)
+                self._ended[token] = (session, trace_id)
+                while len(self._ended) > _ENDED_KEPT:
+                    self._ended.popitem(last=False)
         summ = session.summary()
         if summ["misses"] and status in ("completed", "failed"):
             status = "sandbox_miss"
@@ -429,8 +491,176 @@ class ShadowStage:
         with self._lock:
             session = self.sessions.get(token)
         if session is None:
+            self._late_miss(token, "called after its replay had ended", call.get("name"))
             return None
         return session.answer(call)
+
+    def proxy_refuse(self, token: str, reason: str, name: Any = None) -> dict[str, Any] | None:
+        """Log a tool call the proxy could not read as a sandbox miss of the running replay
+        attempt whose token this is (:meth:`SandboxSession.refuse`); its envelope, or None for an
+        unknown token."""
+        with self._lock:
+            session = self.sessions.get(token)
+        if session is None:
+            self._late_miss(token, reason, name)
+            return None
+        return session.refuse(reason, name)
+
+    def _late_miss(self, token: str, reason: str, name: Any) -> None:
+        """A call on the token of an attempt that already ended (the target answered before its
+        agent was done — an endpoint that runs the agent in the background —, or the deadline
+        passed): the agent gets a sandbox miss, so its replay is one; logged in the ended
+        session and written to the ledger by :meth:`_flush_late`."""
+        with self._lock:
+            ended = self._ended.get(token)
+        if ended is None:
+            return
+        ended[0].refuse(reason, name)  # logged before it is flagged: a flush then sees it
+        with self._lock:
+            self._late.add(token)
+
+    def _flush_late(self) -> None:
+        """Rewrite the ledger rows of ended attempts that got calls afterwards: their call log and
+        counts, and ``sandbox_miss`` for a replay that was ``completed`` / ``failed`` (the gate's
+        sandbox-miss rate reads the ledger). Rows not written yet wait for the next tick; rows of
+        a later attempt (a re-run) are left alone."""
+        from relyscope.store.shadow import FINISHED
+
+        with self._lock:
+            late = {t: self._ended[t] for t in self._late if t in self._ended}
+            self._late.clear()
+        if not late:
+            return
+        by_rid = {sess.replay_id: (t, sess, tid) for t, (sess, tid) in late.items()}
+        rows = self.ledger.replays(replay_ids=list(by_rid), with_calls=True, limit=len(by_rid))
+        out, retry = [], set(late)
+        for r in rows:
+            tok, sess, tid = by_rid[r["replay_id"]]
+            if r["trace_id"] != tid:  # a later attempt owns the row now
+                retry.discard(tok)
+                continue
+            if r["status"] not in FINISHED:
+                continue
+            retry.discard(tok)
+            summ = sess.summary()
+            status = "sandbox_miss" if summ["misses"] and r["status"] in ("completed", "failed") else r["status"]
+            out.append({**r, "status": status, "calls": sess.log_json(), "n_calls": summ["calls"],
+                        "n_exact": summ["exact"], "n_position": summ["position"], "n_live": summ["live"],
+                        "n_miss": summ["misses"], "n_faults": summ["faults"], "n_side_effects": summ["side_effects"]})
+        retry &= {by_rid[r["replay_id"]][0] for r in rows}  # a row gone from the ledger: nothing to do
+        try:
+            self.ledger.write_replays(out)
+        except StoreUnavailable:
+            retry |= {by_rid[r["replay_id"]][0] for r in out}
+            raise
+        finally:
+            with self._lock:
+                self._late |= retry
+
+
+#: a running row of another sidecar this much older than the replay deadline is taken over
+_STALE_MARGIN_S = 30.0
+#: the ``error`` text of a running row: which sidecar runs it
+_RUNNING_ON = "running on "
+
+
+def _runner(row: dict) -> str | None:
+    """The sidecar running a ``running`` row (None: written before rows said so)."""
+    e = row.get("error") or ""
+    return e[len(_RUNNING_ON):] if e.startswith(_RUNNING_ON) else None
+
+
+#: ended replay attempts whose late tool calls are still attributed to them
+_ENDED_KEPT = 4096
+
+#: the largest replay reply read (a reply is a few hundred bytes: replay id, status, trace id, error)
+REPLY_MAX_BYTES = 1 << 20
+
+
+class DeadlineExceeded(Exception):
+    """No complete reply within the replay's deadline."""
+
+
+class TargetUnreachable(Exception):
+    """The replay target could not be reached or broke the connection / the HTTP protocol."""
+
+
+class _Watchdog:
+    """Remembers the sockets an httpx request opens (httpcore's ``trace`` extension reports each
+    new connection's network stream) so that :meth:`cut` can shut them down from another thread:
+    a blocked read returns at once."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._socks: list[Any] = []
+        self.cut_done = False
+
+    def trace(self, name: str, info: dict) -> None:
+        if not name.endswith(("connect_tcp.complete", "connect_unix_socket.complete")):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            return
+        with self._lock:
+            self._socks.append(sock)
+            late = self.cut_done
+        if late:
+            _shutdown(sock)
+
+    def cut(self) -> None:
+        with self._lock:
+            self.cut_done = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shutdown(sock)
+
+
+def _shutdown(sock) -> None:
+    import socket
+
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def post_within(url: str, body: bytes, deadline_s: float, *,
+                max_bytes: int = REPLY_MAX_BYTES) -> tuple[int, bytes, bool]:
+    """POST ``body`` (JSON) to ``url`` and read the reply, all within ``deadline_s`` seconds in
+    total — httpx's timeouts are per read, so a target that trickles bytes (headers or body) would
+    hold a replay, and the whole dispatch batch, forever; at the deadline a watchdog shuts the
+    connection's socket down. Reads at most ``max_bytes`` of the body. Returns ``(HTTP status,
+    body, over)``, ``over`` when the body was longer (then only its first ``max_bytes``). Raises
+    :class:`DeadlineExceeded`, :class:`TargetUnreachable`."""
+    import httpx
+
+    dog = _Watchdog()
+    timer = threading.Timer(deadline_s, dog.cut)
+    timer.daemon = True
+    try:
+        with httpx.Client(timeout=deadline_s) as client:
+            timer.start()
+            # identity: a compressed reply could expand far past max_bytes within one chunk
+            headers = {"content-type": "application/json", "accept-encoding": "identity"}
+            with client.stream("POST", url, content=body, headers=headers,
+                               extensions={"trace": dog.trace}) as resp:
+                buf = bytearray()
+                for chunk in resp.iter_bytes():
+                    buf += chunk
+                    if len(buf) > max_bytes:
+                        return resp.status_code, bytes(buf[:max_bytes]), True
+                if dog.cut_done:  # a body cut short by the watchdog is no reply
+                    raise DeadlineExceeded()
+                return resp.status_code, bytes(buf), False
+    except httpx.TimeoutException:
+        raise DeadlineExceeded() from None
+    except httpx.HTTPError as e:
+        if dog.cut_done:
+            raise DeadlineExceeded() from None
+        raise TargetUnreachable(str(e) or type(e).__name__) from None
+    finally:
+        timer.cancel()
 
 
 def _spec_row(sp: ReplaySpec) -> dict:

@@ -116,12 +116,13 @@ class ShadowLedger:
             out.append(d)
         self.store.insert_rows("shadow_replays", out)
 
-    def replays(self, *, status: str | Iterable[str] | None = None, shadow_of: str | None = None,
+    def replays(self, *, status: str | Iterable[str] | None = None, shadow_of: str | Iterable[str] | None = None,
                 replay_ids: Iterable[str] | None = None, target_version: str | None = None,
                 agent: str | None = None, limit: int = 1000, with_calls: bool = False,
                 oldest_first: bool = False, since_s: float | None = None) -> list[dict]:
         """Replay rows (latest version of each), newest first unless ``oldest_first``; only those
-        scheduled at or after ``since_s`` (Unix seconds) when given."""
+        scheduled at or after ``since_s`` (Unix seconds) when given. ``shadow_of``: one
+        production trial id or several. Each row also has ``updated_at`` (Unix s of its last write)."""
         where, params = ["1"], {"lim": limit}
         if since_s is not None:
             where.append("scheduled_at >= fromUnixTimestamp64Milli(%(since)s)")
@@ -129,6 +130,10 @@ class ShadowLedger:
         if status is not None:
             where.append("status IN %(st)s")
             params["st"] = [status] if isinstance(status, str) else sorted(set(status))
+        if shadow_of is not None and not isinstance(shadow_of, str):  # several production trials
+            where.append("shadow_of IN %(so_in)s")
+            params["so_in"] = sorted(set(shadow_of)) or [""]
+            shadow_of = None
         for col, val in (("shadow_of", shadow_of), ("target_version", target_version), ("agent", agent)):
             if val is not None:
                 where.append(f"{col} = %({col})s")
@@ -136,7 +141,7 @@ class ShadowLedger:
         if replay_ids is not None:
             where.append("replay_id IN %(ids)s")
             params["ids"] = sorted(set(replay_ids)) or [""]
-        cols = [c for c in _REPLAY_COLS if with_calls or c != "calls"]
+        cols = [c for c in _REPLAY_COLS if with_calls or c != "calls"] + ["version_ns"]
         rows = self.store.query(
             f"SELECT {', '.join(cols)} FROM {{db}}.shadow_replays FINAL WHERE {' AND '.join(where)} "
             f"ORDER BY scheduled_at {'ASC' if oldest_first else 'DESC'}, family, idx LIMIT %(lim)s", params)
@@ -145,6 +150,7 @@ class ShadowLedger:
             d = dict(zip(cols, r))
             d["scheduled_at"] = _sec(d["scheduled_at"])
             d["finished_at"] = _sec(d["finished_at"])
+            d["updated_at"] = int(d.pop("version_ns")) / 1e9  # when the row was last written, Unix s
             out.append(d)
         return out
 

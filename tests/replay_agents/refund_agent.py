@@ -27,6 +27,7 @@ ORDERS = {f"ORD-{1000 + i}": {"order_id": f"ORD-{1000 + i}", "total_amount": 10.
 EFFECTS = "effects.log"
 WORSE = False
 EXTRA_TOOL = False
+HUGE_CALL = False
 
 
 @tool_call("get_order", side_effect="read")
@@ -70,6 +71,11 @@ RUN_KIND = "production"
 def run_task(task_id: str, request: str, version: str) -> bool:
     with agent_run("refund-agent", task_id=task_id, version=version, input=request, run_kind=RUN_KIND):
         m = re.search(r"ORD-\d+", request)
+        if HUGE_CALL:  # a tool call whose arguments exceed what the proxy reads (1 MiB): refused
+            try:
+                get_order(m.group(0) + " " * (2 << 20))
+            except ToolFault:
+                pass
         order = _retry(get_order, m.group(0))
         if EXTRA_TOOL:  # a newer version that also looks up the customer (no recording of that)
             try:
@@ -85,7 +91,7 @@ def run_task(task_id: str, request: str, version: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND
+    global EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND, HUGE_CALL
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["prod", "serve"])
     ap.add_argument("--otlp", required=True)
@@ -96,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--worse", action="store_true")
     ap.add_argument("--extra-tool", action="store_true")
+    ap.add_argument("--huge-call", action="store_true", help="first call a tool with 2 MiB of arguments")
     ap.add_argument("--run-kind", default="production", help="production or canary (canary traffic)")
     a = ap.parse_args(argv)
-    EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND = a.effects, a.worse, a.extra_tool, a.run_kind
+    EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND, HUGE_CALL = a.effects, a.worse, a.extra_tool, a.run_kind, a.huge_call
     tp = configure(a.otlp, service_name="refund-service", set_global=True)
     if a.mode == "prod":
         for t in range(a.tasks):
