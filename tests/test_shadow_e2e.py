@@ -221,6 +221,32 @@ def test_call_without_recording_is_a_sandbox_miss_excluded_and_counted(tmp_path)
         assert len(effects.read_text().splitlines()) == 1
 
 
+def test_a_side_effect_production_never_made_is_graded_not_excluded(tmp_path):
+    """A candidate that also makes a refund production never made (declared irreversible): the
+    sandbox acknowledges it (result null), records it and never executes it, and side-effect
+    equivalence grades the replay of a verified success a failure. It used to be a sandbox miss:
+    the replay left the metrics, so a candidate's wrong side effects were excluded, not counted."""
+    with world(tmp_path, ("1.1",), RELYSCOPE_SHADOW_K="2", RELYSCOPE_SHADOW_FAMILIES='["nominal"]') as w:
+        sc, effects = w.sc, w.effects
+        run_production(sc, effects, tasks=1, runs=1)
+        prod = sc.trials(run_kind="production")
+        assert prod[0]["outcome"] == "success"
+        w.agent("1.1", "--double-refund")
+        ids = replay_and_wait(sc, [prod[0]["trial_id"]])
+        rows = [sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids]
+        assert {r["status"] for r in rows} == {"completed"} and all(r["n_miss"] == 0 for r in rows)
+        shadow = sc.trials(run_kind="shadow")
+        assert len(shadow) == 2
+        for t in shadow:
+            refunds = [s for s in t["steps"] if s["tool_name"] == "issue_refund"]
+            assert len(refunds) == 2 and all(s["error"] is None for s in refunds)
+            assert t["outcome"] == "failure" and t["outcome_source"] == "side_effect_equivalence"
+        g = next(g for g in sc.report()["groups"] if g["run_kind"] == "shadow")
+        assert g["invalid_trials"] == 0 and g["metrics"]["success_rate"]["value"] == 0.0
+        assert g.get("sandbox_miss_trials", 0) == 0
+        assert len(effects.read_text().splitlines()) == 1  # production's refund only: never executed
+
+
 _SILENT = """
 import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -9,8 +9,14 @@ recorded answer is found by a ladder that is always reported in ``match``:
 2. ``position`` — the n-th distinct call of this tool in the replay (distinct by canonical
    arguments: a retry keeps its position) gets the n-th recorded call of it;
 3. no match: a read-only tool the operator allows live (``live_tools``) is answered ``live`` (the
-   agent runs the real tool); anything else is a ``sandbox_miss``: the agent gets a clear sandbox
-   error and the replay is kept out of agent metrics (ENVIRONMENT). Never approximated.
+   agent runs the real tool); a call *declared* side-effecting (write / irreversible by the call,
+   the policy, or a recorded call of the same tool) is answered ``unrecorded``: result null, like
+   a recorded procedure that returned nothing — recorded, never executed, and graded by
+   side-effect equivalence (a refund production never made is a differing side effect, so the
+   replay of a verified success fails instead of leaving the metrics); anything else (a read with
+   no recording, a tool whose side effect nobody states) is a ``sandbox_miss``: the agent gets a
+   clear sandbox error and the replay is kept out of agent metrics (ENVIRONMENT). A read is never
+   approximated.
 
 Side-effecting calls (``write`` / ``irreversible`` by the call, the recording or the policy;
 a call whose side effect nobody states counts as side-effecting unless the operator lists it live)
@@ -199,7 +205,11 @@ class SandboxSession:
             rec = self.recorded[ri] if ri is not None else None
             if ri is not None:
                 self._used.add(ri)
-            side_effect = effective_side_effect(name, call.get("side_effect"), rec.side_effect if rec else None,
+            # a tool the recording shows side-effecting is so for every call of it, recorded or not
+            said = rec.side_effect if rec else max(
+                (r.side_effect for r in self.recorded if r.name == name and r.side_effect in _RANK),
+                key=_RANK.__getitem__, default=None)
+            side_effect = effective_side_effect(name, call.get("side_effect"), said,
                                                 policy_side_effects=self.policy_side_effects)
             side_effecting = side_effect in SIDE_EFFECTING or (side_effect is None and not self._is_live(name, "read"))
             entry: dict[str, Any] = {"index": index, "name": name, "arguments": args, "canonical": canonical,
@@ -220,6 +230,9 @@ class SandboxSession:
             if not side_effecting and self._is_live(name, side_effect or "read"):
                 entry["executed"] = True
                 return ProxyAnswer({**base, "outcome": "live", "match": "live"})
+            if side_effect in SIDE_EFFECTING:  # declared: acknowledged, recorded, never executed
+                entry["match"] = "unrecorded"
+                return ProxyAnswer({**base, "outcome": "result", "match": "unrecorded", "result": None})
             return ProxyAnswer({**base, "outcome": "sandbox_miss",
                                 "message": f"sandbox: no recorded result for {name} with these arguments "
                                            f"(call {entry['index']}); the replay is marked sandbox_miss"},
@@ -265,8 +278,9 @@ class SandboxSession:
 
     # ---- summary --------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Counts of the call log: calls, exact, position, live, misses, faults, side effects
-        recorded (never executed), and the recorded side-effecting calls themselves."""
+        """Counts of the call log: calls, exact, position, live, misses, faults, side-effecting calls
+        with no production counterpart (answered null), side effects recorded (never executed),
+        and the recorded side-effecting calls themselves."""
         with self._lock:
             calls = list(self.calls)
         return {
@@ -276,6 +290,7 @@ class SandboxSession:
             "live": sum(c["outcome"] == "live" for c in calls),
             "misses": sum(c["outcome"] == "sandbox_miss" for c in calls),
             "faults": sum(c["outcome"] == "fault" for c in calls),
+            "unrecorded_side_effects": sum(c["match"] == "unrecorded" for c in calls),
             "side_effects": sum(bool(c["side_effecting"]) for c in calls),
             "side_effect_calls": [{"name": c["name"], "arguments": c["arguments"], "side_effect": c["side_effect"]}
                                   for c in calls if c["side_effecting"]],

@@ -28,6 +28,7 @@ EFFECTS = "effects.log"
 WORSE = False
 EXTRA_TOOL = False
 HUGE_CALL = False
+DOUBLE_REFUND = False
 
 
 @tool_call("get_order", side_effect="read")
@@ -85,13 +86,15 @@ def run_task(task_id: str, request: str, version: str) -> bool:
         total = order.get("total_amount")
         amount = round(float(total) * (0.5 if WORSE else 1.0), 2)
         _retry(issue_refund, order["order_id"], amount)
+        if DOUBLE_REFUND:  # a newer version that also refunds a goodwill 1.00 (production never did)
+            _retry(issue_refund, order["order_id"], 1.0)
         if current_replay() is None:  # the production environment check
             record_outcome(abs(amount - ORDERS[order["order_id"]]["total_amount"]) < 1e-9, source="db_state")
     return True
 
 
 def main(argv: list[str] | None = None) -> int:
-    global EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND, HUGE_CALL
+    global EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND, HUGE_CALL, DOUBLE_REFUND
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["prod", "serve"])
     ap.add_argument("--otlp", required=True)
@@ -103,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worse", action="store_true")
     ap.add_argument("--extra-tool", action="store_true")
     ap.add_argument("--huge-call", action="store_true", help="first call a tool with 2 MiB of arguments")
+    ap.add_argument("--double-refund", action="store_true", help="also refund a goodwill 1.00 after the refund")
     ap.add_argument("--run-kind", default="production", help="production or canary (canary traffic)")
     a = ap.parse_args(argv)
     EFFECTS, WORSE, EXTRA_TOOL, RUN_KIND, HUGE_CALL = a.effects, a.worse, a.extra_tool, a.run_kind, a.huge_call
+    DOUBLE_REFUND = a.double_refund
     tp = configure(a.otlp, service_name="refund-service", set_global=True)
     if a.mode == "prod":
         for t in range(a.tasks):
