@@ -52,7 +52,6 @@ _INT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int64
 _FLT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Float64"], dtype=np.int64)
 _BIG: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int128"], dtype=np.int64)
 _N_ALL: Final = 0  # n_all is SUM_COLUMNS[0], an Int64 column (index 0 of _INT)
-_UNTIL: Final = 2**31
 # contrib_log row layout written by Rollup._row: 5 keys, end_ns, sums, q, y, actions, traj, sign, vns
 _R_TASK, _R_END, _R_SUMS = 4, 5, 6
 _R_Q, _R_Y, _R_ACT, _R_TRAJ, _R_SIGN = (_R_SUMS + _NCOL + i for i in range(5))

@@ -546,13 +546,16 @@ class Rollup:
         shared by several of them is one task) — the cardinality cap's ``other`` group.
         ``trajectories`` False: skip the trajectory sample (``trajectories`` left empty lists)."""
         level = level if level is not None else level_for(window_s)[0]
-        p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s or 2**31}
+        # no upper bound unless asked: a trial that ends in the future (a skewed clock; past 2106
+        # its bucket saturates at DateTime's maximum) ended after the window's start, and the
+        # batch scorer and the in-memory windows count it (a bound at 2**31 s lost those after 2038)
+        p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s}
         who = "agent = %(a)s AND version = %(v)s"
         if members is not None:
             who = "concat(agent, '\\0', version) IN %(av)s"
             p["av"] = sorted(f"{a}\0{v}" for a, v in members) or [""]
-        where = (f"{who} AND run_kind = %(k)s AND level = %(l)s "
-                 "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
+        where = (f"{who} AND run_kind = %(k)s AND level = %(l)s AND bucket >= toDateTime(%(s)s, 'UTC')"
+                 + (" AND bucket < toDateTime(%(u)s, 'UTC')" if until_s is not None else ""))
         rows = self.store.query(
             f"SELECT task_id, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
             f"FROM {{db}}.task_stats WHERE {where} GROUP BY task_id HAVING sum(n_all) != 0 ORDER BY task_id", p)
@@ -572,8 +575,8 @@ class Rollup:
         for r in self.store.query(
                 f"SELECT task_id, actions FROM {{db}}.traj_sample FINAL WHERE {who} "
                 "AND run_kind = %(k)s AND hour >= toDateTime(%(hs)s, 'UTC') AND end_time >= toDateTime64(%(s)s, 9, 'UTC') "
-                "AND end_time < toDateTime64(%(u)s, 9, 'UTC') "
-                "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
+                + ("AND end_time < toDateTime64(%(u)s, 9, 'UTC') " if until_s is not None else "")
+                + "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
             if r[0] in idx:
                 traj[idx[r[0]]].append(tuple(r[1]))
         return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
