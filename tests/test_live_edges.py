@@ -109,3 +109,57 @@ def test_trials_ending_in_the_far_future_count_in_every_window(store):
     fresh = LiveStats(ru, WINDOWS)  # a restart loads the same from the rollups
     fresh.load(G, now)
     check(store, fresh, [G], now)
+
+
+def _plain(rng, i, now, **kw):
+    return trial(rng, i, now, status="complete", perturbation_family=None, **kw)
+
+
+def test_extreme_resource_values_neither_wrap_nor_stop_the_sync(store):
+    """C_res from exact integer sums: a task of 70 runs whose start is missing (start 0: ~57
+    years of wall time in ns, each square ~2^121) wrapped the Int128 sum of squares (C_res wrong
+    in memory, rollups and every later reload); a cost of 1e25 USD (nano-USD squared > 2^127)
+    failed the contrib_log insert — that sync and every later one, so no live score moved again —
+    and an infinite cost (a sum of huge span costs) raised OverflowError in the same place. Now a
+    non-finite cost or one beyond MAX_COST_USD is *not available* for both scorers, squares are
+    Int256, and every metric equals the batch scorer's."""
+    MAX_COST_USD = 1e18  # relyscope.scorers.metrics.MAX_COST_USD
+
+    now = time.time()
+    rng = random.Random(2)
+    runs = [_plain(rng, i, now, task="t0", start_ns=0) for i in range(70)]
+    ru, live = start(store, runs, [G], now)
+    odd = [_plain(rng, 100 + i, now, task="t1", cost_usd=c, total_tokens=2**64 - 1 - i)
+           for i, c in enumerate((1e25, math.inf, -math.inf, math.nan, -1.0, 0.5, MAX_COST_USD, 2 * MAX_COST_USD))]
+    # by hand: cost {1, 3} (the 1e25 one is not available), wall {1, 3, 2} s, model calls {2, 2, 2},
+    # tool calls and errors all 0 (skipped): CVs √2/2, 1/2, 0
+    end = int((now - 50) * 1e9)
+    hand = [_plain(rng, 200 + i, now, task="h", cost_usd=c, start_ns=end - w * 10**9, end_ns=end, model_calls=2,
+                   tool_calls=0, tool_errors=0, total_tokens=None)
+            for i, (c, w) in enumerate(((1.0, 1), (3.0, 3), (1e25, 2)))]
+    store.insert_trials(odd + hand)
+    sync(ru, live)  # raised StoreUnavailable (OverflowError serializing the row) before
+    check(store, live, [G], now)
+    h = live.stats(G, "all")
+    c_res_h = score_stats(dataclasses.replace(h, task_ids=["h"], sums=h.sums[[h.task_ids.index("h")]],
+                                              hist=[], trajectories=[[]], fsums=None, c_res=None,
+                                              traj_values=None, traj_sizes=None, pooled_hist=None),
+                          safety_measured=False, n_boot=0).metrics["C_res"].value
+    assert c_res_h == pytest.approx(math.exp(-(math.sqrt(2) / 2 + 0.5 + 0.0) / 3), rel=1e-12)
+
+
+def test_rollups_made_with_int128_squares_are_widened_at_start(store):
+    """A store whose rollup tables an earlier version made (sums of squares Int128) has them
+    altered to Int256 when the rollup starts, and huge values then fold in exactly."""
+    now = time.time()
+    rng = random.Random(3)
+    Rollup(store, POLICY)
+    for table in ("task_stats", "contrib", "contrib_log"):
+        for r in range(6):
+            store.query(f"ALTER TABLE {{db}}.{table} MODIFY COLUMN r{r}_ss Int128")
+    runs = [_plain(rng, i, now, task="t0", start_ns=0) for i in range(70)]
+    ru, live = start(store, runs, [G], now)
+    types = store.query("SELECT DISTINCT type FROM system.columns WHERE database = %(d)s AND name LIKE 'r%%_ss'",
+                        {"d": store.db})
+    assert types == [("Int256",)]
+    check(store, live, [G], now)

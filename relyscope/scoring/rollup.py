@@ -251,6 +251,7 @@ class Rollup:
         self._versions: dict[str, int] = {}  # trial id → latest version_ns read by this sync
         for ddl in ROLLUP_SCHEMA:
             _command(store, ddl)
+        _widen_sum_columns(store)
         # only where the TTL differs: a MODIFY TTL rewrites the table's parts on a server
         from relyscope.store.schema import apply_retention, rollup_ttls
 
@@ -629,6 +630,25 @@ class Rollup:
             "SELECT task_id, toUnixTimestamp64Nano(end_time), trial_id, actions FROM {db}.traj_sample FINAL "
             f"WHERE agent = %(a)s AND version = %(v)s AND run_kind = %(k)s {only}AND alive "
             "ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p)
+
+
+def _widen_sum_columns(store: Store) -> list[str]:
+    """Give the summed columns of rollup tables made by an earlier version the types of
+    :data:`SUM_COLUMNS` (the sums of squares became Int256: Int128 ones wrapped or refused a huge
+    value). Only columns whose type differs are altered, the materialized views' targets before
+    ``contrib_log`` (a view never writes wider values into a narrower column). Returns the
+    statements run. Raises StoreUnavailable."""
+    want = dict(SUM_COLUMNS)
+    rows = store.query(
+        "SELECT table, name, type FROM system.columns WHERE database = %(d)s "
+        "AND table IN ('task_stats', 'contrib', 'contrib_log') AND name IN %(c)s",
+        {"d": store.db, "c": sorted(want)})
+    ran = []
+    for table, name, typ in sorted(rows, key=lambda r: (r[0] == "contrib_log", r[0], r[1])):
+        if typ != want[name]:
+            ran.append(f"ALTER TABLE {{db}}.{table} MODIFY COLUMN {name} {want[name]}")
+            _command(store, ran[-1])
+    return ran
 
 
 def _command(store: Store, ddl: str) -> None:
