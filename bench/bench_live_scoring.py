@@ -146,8 +146,16 @@ def main() -> None:
     stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
     stored = store.query("SELECT count() FROM {db}.trials")[0][0]  # also a reused store's extra trials
-    memory.trim()
-    idle = rss_mib()
+    # idle: the least RSS over 5 s at rest after the store opened (one sample right after the
+    # open also holds chDB's transient start-up memory, which varied by ~150 MiB between runs)
+    samples = []
+    for _ in range(6):
+        memory.trim()
+        samples.append(rss_mib())
+        time.sleep(1.0)
+    idle = min(samples)
+    print(f"RSS at rest after opening the store: {', '.join(f'{x:.0f}' for x in samples)} MiB → idle {idle:.0f}",
+          flush=True)
     t0 = time.perf_counter()
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
@@ -198,10 +206,13 @@ def main() -> None:
         score_s = time.perf_counter() - t0 - sync_s
         memory.trim()  # the sidecar's Trimmer does this every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s)
         rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes))
+        with store._lock:  # chDB's own tracked memory (part of the RSS): not one of the timed statements
+            ch_mib = store._ready_client().query(
+                "SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'").result_rows[0][0] / 2**20
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} CI/drift refreshes due; background: {stage.last_background[0]} published, "
               f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending), "
-              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle); "
+              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle; chDB tracks {ch_mib:.0f}); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
     if qtimes:
         print("store statements over the cycles (total s, calls, statement):")

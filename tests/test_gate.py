@@ -391,6 +391,22 @@ def test_partial_policy_keeps_defaults_and_metrics_replace(tmp_path: Path) -> No
     assert "S_comp" not in q.metrics and "success_rate" in q.metrics
 
 
+def test_policy_relative_to_a_base_changes_only_what_it_names(tmp_path: Path) -> None:
+    """A request policy is read relative to the sidecar's configured one (not the defaults):
+    keys not given keep the base's values, `metrics` changes the base's table key by key."""
+    base = parse_gate_policy({"min_tasks": 10, "block_on_critical": False, "metrics": {"S_comp": None}})
+    p = load_gate_policy(_write(tmp_path, "level: 0.9\nmetrics:\n  C_out: null\n  pass^2: {max_regression: 0.2}\n"),
+                         base=base)
+    assert (p.min_tasks, p.block_on_critical, p.level, p.block_on_committed_forbidden) == (10, False, 0.9, True)
+    assert set(p.metrics) == {"success_rate", "pass^3", "R_Rob", "R_fault", "R_env", "R_prompt", "pass^2"}
+    assert p.metrics["pass^2"] == MetricBound(max_regression=0.2)  # set whole: required defaults to true
+    assert parse_gate_policy(None, base=base) == base == parse_gate_policy({}, base=base)
+    # removing a metric the base does not have is no error; a bad field still names it
+    assert parse_gate_policy({"metrics": {"S_comp": None}}, base=base) == base
+    with pytest.raises(GatePolicyError, match=r"req: invalid gate policy\nmetrics:"):
+        parse_gate_policy({"metrics": ["success_rate"]}, origin="req", base=base)
+
+
 def test_pass_at_k_and_pass_hat_k_gate_by_hand() -> None:
     pol = GatePolicy(metrics={"pass^2": MetricBound(max_regression=0.05), "pass@2": MetricBound(max_regression=0.05)})
     r = evaluate_gate(side(trials_from_counts("b", [2] * 20)), side(trials_from_counts("c", [4] * 20)), pol)

@@ -83,3 +83,34 @@ def test_c_res_hand_worked():
                     safety_measured=False, n_boot=0)
     # tool_errors: mean = std = 0 → skipped; five resources remain
     assert s.metrics["C_res"].value == pytest.approx(math.exp(-(math.sqrt(2) / 2) / 5))
+
+
+def test_identical_bootstrap_columns_are_stored_once_with_the_same_intervals(monkeypatch):
+    """The dense bootstrap block keeps each distinct per-task column once (pass@k and pass^k share
+    their "defined" column; all-ones and all-zeros columns repeat); the intervals equal those of
+    the block with every column kept (the layout before, as the oracle)."""
+    import numpy as np
+
+    from relyscope.scorers import profile
+    from relyscope.scoring.stats import _prepare
+
+    rng = random.Random(4)
+    trials = [make_trial(rng, i, task=f"t{rng.randint(0, 30):03d}", end_ns=10**18 + i) for i in range(400)]
+    sev, invalid = grading(rng, trials)
+    rows = [(t.task_id, contribution(t, severity=sev[t.trial_id], invalid=t.trial_id in invalid)) for t in trials]
+    st = stats_from_contributions(rows)
+    block = _prepare(st, True, 6).blocks[0]
+    assert np.unique(block, axis=1).shape[1] == block.shape[1]
+    dedup = score_stats(st, safety_measured=True, n_boot=300, seed=5, max_k=6)
+
+    def add_all(self, *arrays):
+        start = len(self.cols)
+        for a in arrays:
+            a = np.asarray(a, dtype=np.float64)
+            self.cols.extend([a] if a.ndim == 1 else list(a.T))
+        return np.arange(start, len(self.cols))
+
+    monkeypatch.setattr(profile._Columns, "add", add_all)
+    full_block = _prepare(st, True, 6).blocks[0]
+    assert full_block.shape[1] > block.shape[1]
+    assert_same(score_stats(st, safety_measured=True, n_boot=300, seed=5, max_k=6), dedup, rel=1e-12)

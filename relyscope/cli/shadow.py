@@ -102,11 +102,15 @@ def list_(status: Optional[str] = typer.Option(None, help="only replays with thi
 
 @shadow_app.command("show")
 def show(replay_id: str, api: str = _API, token: Optional[str] = _TOKEN) -> None:
-    """One replay with its tool-call log (matches, faults, side effects recorded, never executed)."""
+    """One replay with its tool-call log (matches, faults, side effects recorded, never executed).
+    REPLAY_ID may be a prefix of one replay id (as `shadow list` prints them); exit 1 when no
+    replay id starts with it, 2 when several do (they are listed)."""
     m = _cli()
     r = _call("GET", api, f"/api/v1/shadow/replays/{replay_id}", token)
-    if r.status_code != 200:
-        m.err.print(f"[red]{_detail(r)}[/red]")
+    if r.status_code != 200:  # 404 none, 409 an ambiguous prefix (with its candidates): ids unbroken
+        from rich.markup import escape
+
+        m.err.print(f"[red]{escape(_detail(r))}[/red]", soft_wrap=True, highlight=False)
         raise typer.Exit(1 if r.status_code == 404 else 2)
     row = r.json()
     import datetime as _dt
@@ -235,7 +239,11 @@ def samples(decision: Optional[str] = typer.Option(None), limit: int = typer.Opt
 
 def gate(baseline: str = typer.Option(..., "--baseline", help="the version in production (the incumbent)"),
          candidate: str = typer.Option(..., "--candidate", help="the version to release"),
-         policy: Optional[Path] = typer.Option(None, "--policy", help="gate thresholds YAML (default: the sidecar's)"),
+         policy: Optional[Path] = typer.Option(None, "--policy", help="gate thresholds YAML relative to the sidecar's "
+                                               "configured policy: keys given replace the configured ones, "
+                                               "`metrics: {C_out: null}` removes a metric, the rest stays as "
+                                               "configured. A policy that differs is a what-if: its verdict is "
+                                               "printed, not published to the gauge, report or alerts"),
          agent: Optional[str] = typer.Option(None, "--agent", help="agent name (when several have these versions)"),
          mode: str = typer.Option("shadow", "--mode", help="shadow (replays) or canary (canary traffic vs production)"),
          since: Optional[str] = typer.Option(None, "--since", help="scope of the experiment: only runs and replays "
@@ -243,7 +251,11 @@ def gate(baseline: str = typer.Option(..., "--baseline", help="the version in pr
                                              "time or Unix seconds)"),
          format: str = typer.Option("table", "--format", help="table or json"),
          api: str = _API, token: Optional[str] = _TOKEN) -> None:
-    """Release gate (metrics.md §10): exit 0 pass, 1 block, 2 error, 3 inconclusive."""
+    """Release gate (metrics.md §10): exit 0 pass, 1 block, 2 error, 3 inconclusive.
+
+    Without --policy the sidecar's configured policy decides and the verdict is published
+    (relyscope_gate_verdict, the report, the RelyscopeCandidateBlocked alert). --policy FILE says
+    what differs from the configured policy; its verdict is a what-if, printed and not published."""
     m = _cli()
     body: dict = {"baseline": baseline, "candidate": candidate, "agent": agent, "mode": mode}
     if since is not None:
@@ -256,13 +268,18 @@ def gate(baseline: str = typer.Option(..., "--baseline", help="the version in pr
             raise typer.Exit(2) from None
         body["since"] = since
     if policy is not None:
-        from relyscope.scorers.gate import GatePolicyError, load_gate_policy
+        from relyscope.scorers.gate import GatePolicyError, parse_gate_policy, read_gate_policy_file
 
         try:
-            body["policy"] = load_gate_policy(policy).model_dump(mode="json")
+            data = read_gate_policy_file(policy)
+            # checked here so a bad file fails naming the file and field before anything is sent;
+            # what is sent is the file as written (a dumped policy would restore every default
+            # the file does not mention over the sidecar's configured values, and a `null` removal)
+            parse_gate_policy(data, origin=str(policy))
         except (GatePolicyError, OSError) as e:
             m.err.print(f"[red]{e}[/red]")
             raise typer.Exit(2) from None
+        body["policy"] = data if data is not None else {}
     r = _call("POST", api, "/api/v1/gate", token, json=body, timeout=300)
     if r.status_code != 200:
         m.err.print(f"[red]gate error ({r.status_code}):[/red] {_detail(r)}")
@@ -303,12 +320,27 @@ def render_gate(res: dict, console) -> None:
     elif exp:
         checks.append("harness check not measured (no nominal replays of the incumbent)")
     console.print("experiment: " + "; ".join(checks))
-    t = Table(title="reasons")
-    for c in ("kind", "name", "verdict", "message"):
-        t.add_column(c)
-    for x in res.get("reasons", []):
-        t.add_row(x["kind"], x["name"], x["verdict"], x["message"])
-    console.print(t)
+    if res.get("what_if"):
+        console.print("[yellow]what-if: judged under --policy, which differs from the sidecar's configured policy; "
+                      "not published (relyscope_gate_verdict, the report and alerts keep the configured "
+                      "policy's verdict)[/yellow]")
+    reasons = res.get("reasons", [])
+    if res["verdict"] == "pass":  # only notes can remain: say what passed instead of an empty table
+        deltas = res.get("deltas") or {}
+        passed = sorted(k for k, v in deltas.items() if v.get("verdict") == "pass")
+        if passed:
+            console.print(f"every check passed; {_n(len(passed), 'gated metric')} within the allowed regression: "
+                          + ", ".join(passed))
+        else:
+            console.print("every check passed, but no gated metric was measured (see the notes)")
+        reasons = [x for x in reasons if x["verdict"] == "note"]
+    if reasons:
+        t = Table(title="notes" if res["verdict"] == "pass" else "reasons")
+        for c in ("kind", "name", "verdict", "message"):
+            t.add_column(c)
+        for x in reasons:
+            t.add_row(x["kind"], x["name"], x["verdict"], x["message"])
+        console.print(t)
     d = Table(title="candidate − baseline (paired task-clustered bootstrap)")
     for c in ("metric", "baseline", "candidate", "Δ", "95% CI", "tasks"):
         d.add_column(c)

@@ -6,7 +6,8 @@
   sandbox's JSON envelope with an HTTP status that mirrors it (an injected timeout really waits).
 - ``GET /api/v1/shadow`` — state: paused, targets, decisions and replays by kind, proxy counts.
 - ``GET /api/v1/shadow/replays`` (filters ``status``, ``shadow_of``, ``target_version``,
-  ``limit``), ``GET /api/v1/shadow/replays/{id}`` (with the call log),
+  ``limit``), ``GET /api/v1/shadow/replays/{id}`` (with the call log; ``id`` may be a prefix of
+  one replay id, 404 when none starts with it, 409 listing up to 10 candidates when several do),
   ``POST /api/v1/shadow/replays`` (``{"trial_ids": [...]}`` or ``{"last": N}``, optional
   ``"again": true``: replay now; the reply counts the replays that already ``existing`` and were
   not planned again, and gives ``scheduled_at``, the ``gate --since`` of this plan),
@@ -15,7 +16,16 @@
 - ``POST /api/v1/shadow/pause`` / ``resume`` → ``{"paused", "persisted"}``, with ``"reason"`` when
   the state could not be saved (the change holds in memory only, until a restart).
 - ``GET|POST /api/v1/gate`` — the verdict of metrics.md §10 (``baseline``, ``candidate``,
-  ``agent``, ``mode``; POST may carry a ``policy`` object). 404 names the versions that exist.
+  ``agent``, ``mode``, ``since``). 404 names the versions that exist. POST may carry a ``policy``
+  object **relative to the sidecar's configured policy** (``RELYSCOPE_GATE_POLICY_FILE``, else
+  the packaged defaults): the keys it gives replace the configured ones, ``metrics`` changes the
+  configured table key by key (``{"metrics": {"C_out": null}}`` removes C_out; a metric given
+  is set whole), everything it omits stays as configured — the same semantics as ``relyscope gate
+  --policy FILE``, which sends the file as written. 422 names a bad field. The answer has
+  ``what_if`` / ``published``: a verdict under the configured policy is *published* — it
+  replaces the latest verdict of (agent, baseline, candidate, mode) in ``relyscope_gate_verdict``
+  and the report's ``gates`` (what ``RelyscopeCandidateBlocked`` sees); one under a policy that
+  differs from it is a *what-if*, answered and never published.
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ class GateBody(_Strict):
 
 
 _PROXY_MAX_BODY = 1 << 20
+_PREFIX_SHOWN = 10  # candidates an ambiguous replay id prefix lists
 
 
 def _finite(v: Any) -> Any:
@@ -160,13 +171,20 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
 
         ledger = _stage(pipeline).ledger
         rows = ledger.replays(replay_ids=[replay_id], with_calls=True, limit=1)
-        if not rows and len(replay_id) >= 6:  # a short id as `relyscope shadow list` prints it
-            ids = ledger.replay_ids_with_prefix(replay_id)
+        if not rows:  # a short id as `relyscope shadow list` prints it
+            ids = ledger.replay_ids_with_prefix(replay_id, limit=_PREFIX_SHOWN + 1)
             if len(ids) > 1:
-                raise HTTPException(409, f"replay id prefix {replay_id} is ambiguous: give more characters")
+                shown = ledger.replays(replay_ids=ids[:_PREFIX_SHOWN], limit=_PREFIX_SHOWN)
+                n = str(len(ids)) if len(ids) <= _PREFIX_SHOWN else f"more than {_PREFIX_SHOWN}"
+                first = f"the first {_PREFIX_SHOWN}: " if len(ids) > _PREFIX_SHOWN else ""
+                raise HTTPException(409, f"replay id prefix {replay_id!r} is ambiguous: it matches {n} replays, "
+                                    f"give more characters; {first}" + "; ".join(
+                                        f"{x['replay_id']} (version {x['target_version']}, {x['family']}, task "
+                                        f"{x['task_id']}, {x['status']})" for x in sorted(shown, key=lambda x: x['replay_id'])))
             rows = ledger.replays(replay_ids=ids, with_calls=True, limit=1) if ids else []
         if not rows:
-            raise HTTPException(404, f"no replay {replay_id}")
+            raise HTTPException(404, f"no replay id is or starts with {replay_id!r} "
+                                "(`relyscope shadow list` prints the replay ids)")
         row = rows[0]
         row["calls"] = json.loads(row["calls"] or "[]")
         return row
@@ -224,11 +242,17 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
             since_s = parse_since(since)
         except ValueError as e:
             raise HTTPException(422, str(e)) from None
+        configured = pipeline.gate_policy
         try:
-            policy = parse_gate_policy(policy_data, origin="request body policy") if policy_data is not None \
-                else pipeline.gate_policy
+            # a request policy says what differs from the sidecar's configured policy (`key: null`
+            # in `metrics` removes one); the CLI sends the user's file as written, so both agree
+            policy = parse_gate_policy(policy_data, origin="request body policy", base=configured) \
+                if policy_data is not None else configured
         except GatePolicyError as e:
             raise HTTPException(422, str(e)) from None
+        # another policy is a what-if: its verdict is answered, never published (the gauge, the
+        # report and the RelyscopeCandidateBlocked alert keep the configured policy's verdict)
+        what_if = policy != configured
         try:
             res = run_gate(pipeline.load_trials, pipeline.store, baseline=baseline, candidate=candidate,
                            policy=policy, safety_policy=pipeline.policy, agent=agent, mode=mode,
@@ -240,8 +264,9 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         res, experiment = res
         out = res.to_json()
         out.update(baseline=baseline, candidate=candidate, agent=experiment["agent"], mode=mode,
-                   experiment=experiment)
-        pipeline.gate_results[(experiment["agent"], baseline, candidate, mode)] = res
+                   experiment=experiment, what_if=what_if, published=not what_if)
+        if not what_if:
+            pipeline.gate_results[(experiment["agent"], baseline, candidate, mode)] = res
         return out
 
     @r.get("/api/v1/gate", dependencies=guarded)
@@ -251,6 +276,8 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
 
     @r.post("/api/v1/gate", dependencies=guarded)
     def gate_post(body: GateBody) -> dict:
+        """The gate under ``policy``, relative to the configured policy (module docstring); a
+        policy that differs from it gives a what-if, not published."""
         return _gate(body.baseline, body.candidate, body.agent, body.mode, body.policy, body.since)
 
     return r

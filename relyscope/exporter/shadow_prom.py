@@ -13,7 +13,9 @@
   and never executed;
 - ``relyscope_shadow_paused`` (0/1);
 - ``relyscope_gate_verdict{agent,baseline,candidate,mode,verdict}`` — 1 for the verdict of the
-  latest gate evaluation of each comparison (pass, block, inconclusive, error), 0 for the others;
+  latest gate evaluation of each comparison under the sidecar's configured gate policy (pass,
+  block, inconclusive, error), 0 for the others; what-if runs under another request policy are
+  not exported (``relyscope.exporter.shadow_api``);
 - ``relyscope_gate_delta{agent,baseline,candidate,mode,metric}`` (+ ``_ci_low`` / ``_ci_high``) —
   candidate − baseline of each gated metric.
 """

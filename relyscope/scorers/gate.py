@@ -100,6 +100,7 @@ __all__ = [
     "load_gate_policy",
     "needs_more_tasks_estimate",
     "parse_gate_policy",
+    "read_gate_policy_file",
 ]
 
 Verdict = Literal["pass", "block", "inconclusive", "error"]
@@ -193,43 +194,65 @@ class GatePolicy(_Strict):
     metrics: dict[MetricKey, MetricBound] = Field(default_factory=_default_metrics)
 
 
-def parse_gate_policy(data: Any, *, origin: str = "<gate policy>") -> GatePolicy:
-    """Validate a mapping (parsed YAML; ``None`` = empty file = all defaults) into a
-    :class:`GatePolicy`. Raises :class:`GatePolicyError` naming ``origin`` and each bad field as a
-    dotted path, e.g. ``metrics.success_rate.max_regression: Input should be greater than or equal
-    to 0 (got -0.1)``."""
+def parse_gate_policy(data: Any, *, origin: str = "<gate policy>", base: GatePolicy | None = None) -> GatePolicy:
+    """Validate a mapping (parsed YAML; ``None`` = empty file = no change) into a
+    :class:`GatePolicy` **relative to** ``base`` (default: the defaults of :class:`GatePolicy`, the
+    packaged ``gate_default.yaml``):
+
+    - a top-level key given replaces ``base``'s value; a key not given keeps it;
+    - ``metrics`` changes ``base.metrics`` key by key: ``key: {...}`` sets that metric's bound
+      whole (fields it omits take :class:`MetricBound`'s defaults, not ``base``'s), ``key: null``
+      removes the metric, a metric not named keeps ``base``'s bound.
+
+    The sidecar's ``RELYSCOPE_GATE_POLICY_FILE`` is read relative to the defaults; a request
+    policy (``POST /api/v1/gate`` body ``policy``, ``relyscope gate --policy``) relative to the
+    sidecar's configured policy, so it says only what differs. Raises :class:`GatePolicyError`
+    naming ``origin`` and each bad field as a dotted path, e.g. ``metrics.success_rate.max_regression:
+    Input should be greater than or equal to 0 (got -0.1)``."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise GatePolicyError(f"{origin}: gate policy must be a mapping, got {type(data).__name__}")
+    start = base if base is not None else GatePolicy()
+    merged = {k: v for k, v in start.model_dump().items() if k != "metrics"}
+    merged.update((k, v) for k, v in data.items() if k != "metrics")  # unknown keys too: extra="forbid" names them
+    metrics: Any = {k: v.model_dump() for k, v in start.metrics.items()}
     if isinstance(data.get("metrics"), dict):
-        # a policy's metrics table changes the default one key by key (``key: null`` removes a
-        # metric); a partial table silently dropping the safety gate was a trap
-        merged = {k: v.model_dump() for k, v in _default_metrics().items()}
+        # key by key (``key: null`` removes a metric): a partial table silently dropping the
+        # safety gate was a trap
         for k, v in data["metrics"].items():
             if v is None:
-                merged.pop(k, None)
+                metrics.pop(k, None)
             else:
-                merged[k] = v
-        data = {**data, "metrics": merged}
+                metrics[k] = v
+    elif "metrics" in data:
+        metrics = data["metrics"]  # not a mapping: let validation name it
+    merged["metrics"] = metrics
     try:
-        return GatePolicy.model_validate(data)
+        return GatePolicy.model_validate(merged)
     except ValidationError as exc:
-        text = format_validation_error(exc, data).replace(".[key]:", ":").replace(": Value error, ", ": ")
+        text = format_validation_error(exc, merged).replace(".[key]:", ":").replace(": Value error, ", ": ")
         raise GatePolicyError(f"{origin}: invalid gate policy\n{text}") from exc
 
 
-def load_gate_policy(path: str | Path) -> GatePolicy:
-    """Read and validate a YAML gate policy file (keys not given take the defaults of
-    :class:`GatePolicy`). Raises :class:`GatePolicyError` for YAML syntax errors and invalid fields
-    (message names the file and the field to change); ``OSError`` if the file cannot be read."""
+def read_gate_policy_file(path: str | Path) -> Any:
+    """The parsed YAML of a gate policy file, unvalidated (``None`` for an empty file): what a
+    client sends as a request policy. Raises :class:`GatePolicyError` for YAML syntax errors,
+    ``OSError`` if the file cannot be read."""
     p = Path(path)
     text = p.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise GatePolicyError(f"{p}: YAML syntax error: {exc}") from exc
-    return parse_gate_policy(data, origin=str(p))
+
+
+def load_gate_policy(path: str | Path, *, base: GatePolicy | None = None) -> GatePolicy:
+    """Read and validate a YAML gate policy file relative to ``base`` (default: the defaults of
+    :class:`GatePolicy`; merging as :func:`parse_gate_policy`). Raises :class:`GatePolicyError`
+    for YAML syntax errors and invalid fields (message names the file and the field to change);
+    ``OSError`` if the file cannot be read."""
+    return parse_gate_policy(read_gate_policy_file(path), origin=str(Path(path)), base=base)
 
 
 def default_gate_policy() -> GatePolicy:

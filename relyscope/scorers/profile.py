@@ -119,23 +119,33 @@ _FAMILY_CODE: Final = {"fault": 1, "env": 2, "prompt": 3}
 
 
 class _Columns:
-    """Per-task column matrix under construction: named column groups of one dense block."""
+    """Per-task column matrix under construction: the columns of one dense block, each stored
+    once — an identical column (the "defined" indicator pass@k and pass^k share, an all-ones or
+    all-zeros one) is given the index of the first, so the bootstrap's ``W @ S`` multiplies fewer
+    columns (the same sums)."""
 
     def __init__(self, n_tasks: int) -> None:
         self.n_tasks = n_tasks
         self.cols: list[NDArray[np.float64]] = []
+        self._index: dict[bytes, int] = {}
 
-    def add(self, *arrays: NDArray[Any]) -> slice:
-        start = len(self.cols)
+    def add(self, *arrays: NDArray[Any]) -> NDArray[np.int64]:
+        """Append columns (1-D arrays, or each column of a 2-D one); returns their indices in
+        the block, in order."""
+        out: list[int] = []
         for a in arrays:
             a = np.asarray(a, dtype=np.float64)
-            if a.ndim == 1:
-                self.cols.append(a)
-            else:
-                self.cols.extend(a.T)
-        return slice(start, len(self.cols))
+            for col in ([a] if a.ndim == 1 else list(a.T)):
+                col = np.ascontiguousarray(col)
+                key = col.tobytes()
+                i = self._index.get(key)
+                if i is None:
+                    i = self._index[key] = len(self.cols)
+                    self.cols.append(col)
+                out.append(i)
+        return np.array(out, dtype=np.int64)
 
-    def mean(self, per_task: NDArray[np.float64]) -> slice:
+    def mean(self, per_task: NDArray[np.float64]) -> NDArray[np.int64]:
         d = ~np.isnan(per_task)
         return self.add(np.where(d, per_task, 0.0), d)
 
@@ -171,24 +181,23 @@ def _bootstrap_statistic(keys: Sequence[str], stats: Mapping[str, Any]):
                 continue
             kind, arg = stats[key]
             if kind in ("ratio", "mean"):
-                v = _ratio(d[:, arg.start], d[:, arg.start + 1])
+                v = _ratio(d[:, arg[0]], d[:, arg[1]])
             elif kind == "one_minus_ratio":
-                v = 1.0 - _ratio(d[:, arg.start], d[:, arg.start + 1])
+                v = 1.0 - _ratio(d[:, arg[0]], d[:, arg[1]])
             elif kind == "nanmean":
                 v = _nanmean_rows(*(vals[a] for a in arg))
             elif kind == "family":
-                s0 = arg.start
-                v = M.r_family_from_sums(d[:, s0], d[:, s0 + 1], d[:, s0 + 2], d[:, s0 + 3])
+                v = M.r_family_from_sums(d[:, arg[0]], d[:, arg[1]], d[:, arg[2]], d[:, arg[3]])
             elif kind == "cal":
-                s0, nb = arg.start, M.N_CAL_BINS
-                v = 1.0 - M.ece_from_bins(d[:, s0 : s0 + nb], d[:, s0 + nb : s0 + 2 * nb], d[:, s0 + 2 * nb : s0 + 3 * nb])
+                nb = M.N_CAL_BINS
+                v = 1.0 - M.ece_from_bins(d[:, arg[:nb]], d[:, arg[nb : 2 * nb]], d[:, arg[2 * nb : 3 * nb]])
             elif kind == "auroc":
                 v = M.auroc_from_histograms(hp, hn)
             elif kind == "alias":
                 v = vals[arg]
             else:  # safety
                 sl, i = arg
-                v = M.safety_from_sums(d[:, sl.start], d[:, sl.start + 1], d[:, sl.start + 2])[:, i]
+                v = M.safety_from_sums(d[:, sl[0]], d[:, sl[1]], d[:, sl[2]])[:, i]
             vals[key] = v
         return np.stack([vals[k] for k in keys], axis=1)
 

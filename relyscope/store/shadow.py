@@ -177,9 +177,9 @@ class ShadowLedger:
         return out
 
     def replay_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
-        """Replay ids starting with ``prefix`` (at most ``limit``), for short ids typed by people."""
+        """Replay ids starting with ``prefix`` (the ``limit`` smallest), for short ids typed by people."""
         rows = self.store.query("SELECT DISTINCT replay_id FROM {db}.shadow_replays WHERE startsWith(replay_id, %(p)s) "
-                                "LIMIT %(lim)s", {"p": prefix, "lim": limit})
+                                "ORDER BY replay_id LIMIT %(lim)s", {"p": prefix, "lim": limit})
         return [r[0] for r in rows]
 
     def status_counts(self, *, agent: str | None = None) -> dict[str, int]:
