@@ -163,3 +163,69 @@ def test_rollups_made_with_int128_squares_are_widened_at_start(store):
                         {"d": store.db})
     assert types == [("Int256",)]
     check(store, live, [G], now)
+
+
+def test_an_outcome_posted_after_the_clock_stepped_back_reaches_the_live_scores(chdb_path, monkeypatch):
+    """POST /api/v1/outcomes stores the outcome stamped with the wall clock; the rollup found
+    posted outcomes by that stamp (after its watermark minus 30 s), so once the clock had stepped
+    back more than that, a post was acknowledged ("recorded", and the API's own lookup shows it
+    applied) but never reached the live scores — every window kept the old outcome until a
+    rebuild. The API now tells the scorer which key it posted."""
+    from fastapi.testclient import TestClient
+
+    import relyscope.store.clickhouse as chm
+    from relyscope.config import Settings
+    from relyscope.exporter.api import create_api_app
+    from relyscope.pipeline import Pipeline
+
+    now = time.time()
+    rng = random.Random(4)
+    url = f"chdb://{chdb_path}"
+    store = Store(url, database="o" + uuid.uuid4().hex[:10])
+    trials = [_plain(rng, i, now, task=f"t{i % 3}", outcome="unknown") for i in range(9)]
+    store.insert_trials(trials)
+    store.insert_outcome(trials[0].trial_id, "trial", "failure", None, "feedback")
+    p = Pipeline(Settings(store=url, n_boot=0, score_ci_background=False), store)
+    try:
+        p.rescore(all_groups=True)
+        client = TestClient(create_api_app(p))
+        real = chm.time.time_ns
+        monkeypatch.setattr(chm.time, "time_ns", lambda: real() - 3600 * 10**9)  # the clock steps back 1 h
+        for t, out in ((trials[1], "success"), (trials[2], "failure")):
+            r = client.post("/api/v1/outcomes", json={"trial_id": t.trial_id, "outcome": out})
+            assert r.status_code == 200 and r.json()["status"] == "recorded"
+        r = client.post("/api/v1/outcomes", json={"trace_id": trials[3].trace_id, "outcome": "success"})
+        assert r.status_code == 200
+        monkeypatch.undo()
+        got = sorted(apply_outcomes(store.load_trials(), store.outcomes()), key=lambda t: t.task_id)
+        assert sum(t.outcome != "unknown" for t in got) == 4
+        batch, _ = score_reviewed(got, None, n_boot=0, seed=0, max_k=p.settings.max_k)
+        g = (trials[0].agent_name, trials[0].agent_version, trials[0].run_kind)
+        for w in ("5m", "1h", "24h", "7d", "all"):
+            assert_same(batch, p.scoring.window_scores[w][g])
+        assert p.scoring.window_scores["all"][g].metrics["success_rate"].n_trials == 4
+    finally:
+        p.scoring.close()
+        store.close()
+
+
+def test_the_batch_scorer_keeps_no_queue_of_stored_traces(chdb_path):
+    """With RELYSCOPE_INCREMENTAL_SCORING off nothing folds the worker's stored trace ids (or
+    posted keys) into rollups, and nothing emptied their queue: it grew by every trace stored
+    for the life of the process."""
+    from relyscope.config import Settings
+    from relyscope.scoring.stage import ScoreStage
+
+    store = Store(f"chdb://{chdb_path}", database="q" + uuid.uuid4().hex[:10])
+    rng = random.Random(5)
+    trials = [_plain(rng, i, time.time(), task="t0") for i in range(50)]
+    store.insert_trials(trials)
+    stage = ScoreStage(Settings(store=f"chdb://{chdb_path}", incremental_scoring=False, n_boot=0), store, None)
+    try:
+        stage.trials_stored(trials)
+        stage.rescore()
+        assert stage.scores[(trials[0].agent_name, trials[0].agent_version, trials[0].run_kind)].trials == 50
+        assert not stage._pending_traces
+    finally:
+        stage.close()
+        store.close()

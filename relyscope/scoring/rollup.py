@@ -270,11 +270,13 @@ class Rollup:
                            ["name", "value", "updated_ns"])
 
     # ---- sync -----------------------------------------------------------------------------------
-    def sync(self, trace_ids: Iterable[str] = ()) -> set[GroupKey]:
+    def sync(self, trace_ids: Iterable[str] = (), trial_ids: Iterable[str] = ()) -> set[GroupKey]:
         """Fold every change since the last sync into the rollups, and the trials of
-        ``trace_ids`` (known to have changed, e.g. told by the worker) whatever their versions.
-        Returns the groups whose statistics changed. Raises StoreUnavailable (nothing is lost:
-        the watermarks advance only after the rollups are written)."""
+        ``trace_ids`` and ``trial_ids`` (known to have changed, e.g. told by the worker, the
+        outcome API or the judge) whatever their versions and stamps: the watermarks follow the
+        writers' wall clocks, and a clock that stepped back hides what was written after the step
+        from them. Returns the groups whose statistics changed. Raises StoreUnavailable (nothing
+        is lost: the watermarks advance only after the rollups are written)."""
         told = set(trace_ids)
         with self._lock:
             st = self._state()
@@ -293,7 +295,7 @@ class Rollup:
                       "WHERE posted_at > fromUnixTimestamp64Nano(%(w)s)", {"w": max(0, wo - OVERLAP_NS)})
             new_wo = max([wo] + [int(r[2]) for r in orows])
             trace_ids |= {r[1] for r in orows if r[0] == "trace"}
-            by_trial = {r[1] for r in orows if r[0] == "trial"}
+            by_trial = {r[1] for r in orows if r[0] == "trial"} | set(trial_ids)
             new_wj = wj
             if self.judge:
                 jrows = q("SELECT trial_id, toUnixTimestamp64Milli(judged_at) FROM {db}.judgements "
