@@ -229,3 +229,30 @@ def test_the_batch_scorer_keeps_no_queue_of_stored_traces(chdb_path):
     finally:
         stage.close()
         store.close()
+
+
+def test_the_other_pool_takes_only_its_members_whatever_their_names_hold(store):
+    """The cardinality cap's 'other' group pools its member (agent, version) pairs; they were
+    matched as concat(agent, NUL, version), so agent 'a\\0b' version 'c' (admitted, scored under
+    its own labels) was also pooled into 'other' when 'a' / 'b\\0c' was a member: its trials
+    counted twice, once in a group they are not in."""
+    now = time.time()
+    rng = random.Random(6)
+    admitted, member = ("a\0b", "c", "production"), ("a", "b\0c", "production")
+    trials = [trial(rng, i, now, task=f"t{i % 4}", agent_name=g[0], agent_version=g[1])
+              for i, g in enumerate([admitted, member] * 15)]
+    store.insert_trials(trials)
+    ru = Rollup(store, POLICY)
+    ru.sync()
+    mine = sorted(apply_outcomes([t for t in store.load_trials() if t.agent_name == "a"], store.outcomes()),
+                  key=lambda t: t.task_id)
+    assert len(mine) == 15
+    for name, length in WINDOWS:
+        since = window_start(now, length)
+        pooled = ru.window_stats(("other", "other", "production"), since, length, members=[member[:2]])
+        batch, _ = score_reviewed([t for t in mine if t.end_ns >= since * 10**9], POLICY, n_boot=N_BOOT, seed=0,
+                                  max_k=5)
+        measured = policy_for(POLICY, member[0]) is not None
+        assert_same(batch, score_stats(pooled, safety_measured=measured, n_boot=N_BOOT, seed=0, max_k=5))
+    gone = ru.range_stats([member, admitted], 1, 0, 2**32 - 1)
+    assert {g: int(st.col("n_all").sum()) for g, st in gone.items()} == {member: 15, admitted: 15}

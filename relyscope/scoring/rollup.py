@@ -555,8 +555,11 @@ class Rollup:
         p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s}
         who = "agent = %(a)s AND version = %(v)s"
         if members is not None:
-            who = "concat(agent, '\\0', version) IN %(av)s"
-            p["av"] = sorted(f"{a}\0{v}" for a, v in members) or [""]
+            # tuples, not a concatenation with a separator: names may hold any character (NUL
+            # too), and agent 'a\0b' version 'c' concatenated equal to agent 'a' version 'b\0c' —
+            # the pool took in a group that was not a member
+            who = "(agent, version) IN %(av)s"
+            p["av"] = sorted(tuple(m) for m in members) or [("", "")]
         where = (f"{who} AND run_kind = %(k)s AND level = %(l)s AND bucket >= toDateTime(%(s)s, 'UTC')"
                  + (" AND bucket < toDateTime(%(u)s, 'UTC')" if until_s is not None else ""))
         rows = self.store.query(
@@ -590,8 +593,8 @@ class Rollup:
         in one read (the buckets a sliding window leaves, for every group at once)."""
         if not groups:
             return {}
-        p = {"g": sorted(f"{a}\0{v}\0{k}" for a, v, k in groups), "l": level, "s": since_s, "u": until_s}
-        where = ("concat(agent, '\\0', version, '\\0', run_kind) IN %(g)s AND level = %(l)s "
+        p = {"g": sorted(groups), "l": level, "s": since_s, "u": until_s}
+        where = ("(agent, version, run_kind) IN %(g)s AND level = %(l)s "
                  "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
         rows = self.store.query(
             f"SELECT agent, version, run_kind, task_id, toUnixTimestamp64Nano(max(max_end)), "
