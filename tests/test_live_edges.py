@@ -256,3 +256,71 @@ def test_the_other_pool_takes_only_its_members_whatever_their_names_hold(store):
         assert_same(batch, score_stats(pooled, safety_measured=measured, n_boot=N_BOOT, seed=0, max_k=5))
     gone = ru.range_stats([member, admitted], 1, 0, 2**32 - 1)
     assert {g: int(st.col("n_all").sum()) for g, st in gone.items()} == {member: 15, admitted: 15}
+
+
+def test_one_trial_id_in_two_groups_is_two_trials(store):
+    """The store keys a trial by (group, trial id): an application that numbers its trials
+    (``relyscope.trial.id`` = 'task7-run3') for a baseline and a candidate version stores two
+    trials. The rollup kept one contribution per trial id, so the second group's trial replaced
+    the first's (lost from its group), and re-folding one group's trace retracted the other's.
+    Also: a trial that moves to another group with a tombstone leaves its old group."""
+    now = time.time()
+    rng = random.Random(7)
+    G2 = ("support", "2.0", "production")
+    a = [trial(rng, i, now, task=f"t{i % 3}", trial_id=f"run{i}") for i in range(9)]
+    b = [dataclasses.replace(trial(rng, 50 + i, now, task=f"t{i % 3}", agent_version="2.0"), trial_id=f"run{i}")
+         for i in range(9)]
+    ru, live = start(store, a, [G, G2], now)
+    store.insert_trials(b)
+    sync(ru, live)
+    check(store, live, [G, G2], now)
+    # late outcomes by the shared trial ids (both groups' trials), a re-finalized baseline trial
+    for i in range(3):
+        store.insert_outcome(f"run{i}", "trial", "success", None, "feedback")
+    store.insert_trials([dataclasses.replace(a[4], revision=2, outcome="failure", steps=a[4].steps * 2)])
+    sync(ru, live)
+    check(store, live, [G, G2], now)
+    # run5 of 1.0 becomes a trial of 3.0: tombstone in 1.0, the trial in 3.0
+    G3 = ("support", "3.0", "production")
+    store.insert_trials([dataclasses.replace(a[5], status="superseded", revision=2),
+                         dataclasses.replace(a[5], agent_version="3.0", revision=2)])
+    live.load(G3, now)
+    sync(ru, live)
+    check(store, live, [G, G2, G3], now)
+    assert live.window(G, "all").trials() == 8 and live.window(G2, "all").trials() == 9
+    fresh = LiveStats(Rollup(store, POLICY, traj_sample=1000), WINDOWS)  # restart
+    for g in (G, G2, G3):
+        fresh.load(g, now)
+    check(store, fresh, [G, G2, G3], now)
+
+
+def test_contributions_kept_by_trial_id_alone_are_rekeyed_at_start(store, monkeypatch):
+    """A store whose ``contrib`` an earlier version keyed by trial id alone (its rows written
+    then) gets the group in its key at the start; its rows stay the current contributions (later
+    changes retract them) and a trial id then stored in a second group counts there too."""
+    import relyscope.scoring.rollup as R
+
+    now = time.time()
+    rng = random.Random(8)
+    a = [trial(rng, i, now, task=f"t{i % 3}", trial_id=f"run{i}") for i in range(9)]
+    store.insert_trials(a)
+    old_ddl = [d.replace(",\n        gkey String", "").replace("ORDER BY (trial_id, gkey)", "ORDER BY trial_id")
+               .replace(f", {R._GKEY} AS gkey", "") for d in R.ROLLUP_SCHEMA]
+    with monkeypatch.context() as m:  # the earlier version's tables, and its fold of the trials
+        m.setattr(R, "ROLLUP_SCHEMA", old_ddl)
+        m.setattr(R, "_key_contrib_by_group", lambda st: False)
+        Rollup(store, POLICY).sync()
+    key = "SELECT sorting_key FROM system.tables WHERE database = %(d)s AND name = 'contrib'"
+    assert store.query(key, {"d": store.db}) == [("trial_id",)]
+    assert store.query("SELECT count() FROM {db}.contrib")[0][0] == 9
+    ru = Rollup(store, POLICY, traj_sample=1000)
+    assert store.query(key, {"d": store.db}) == [("trial_id, gkey",)]
+    G2 = ("support", "2.0", "production")
+    b = [dataclasses.replace(trial(rng, 50 + i, now, task=f"t{i % 3}", agent_version="2.0"), trial_id=f"run{i}")
+         for i in range(9)]
+    store.insert_trials(b + [dataclasses.replace(a[1], revision=2, outcome="success", steps=a[1].steps * 2)])
+    live = LiveStats(ru, WINDOWS)
+    for g in (G, G2):
+        live.load(g, now)
+    sync(ru, live)
+    check(store, live, [G, G2], now)

@@ -11,8 +11,9 @@ Data flow (all tables in the store's database; DDL in :data:`ROLLUP_SCHEMA`):
   (``SummingMergeTree``, ordered by group, level, bucket, task). A window's per-task statistics
   are ``sum(...) GROUP BY task_id`` over its buckets at the coarsest level that fits it, so a query
   reads at most ~360 rows per task whatever the history (:func:`level_for`).
-- ``contrib`` (``ReplacingMergeTree``, keyed by trial id, fed by a view) holds each trial's
-  current contribution: what to retract when the trial changes.
+- ``contrib`` (``ReplacingMergeTree``, keyed by trial id and group — the store's key of a trial:
+  one trial id may be a trial of several groups —, fed by a view) holds each trial's current
+  contribution: what to retract when the trial changes.
 - ``traj_sample`` (``ReplacingMergeTree``, fed by a view) holds the action sequences of successful nominal valid
   runs for C_traj_d / C_traj_s; a window reads the most recent ``M`` per task (``LIMIT M BY``).
 - ``scoring_state`` holds the watermarks (trials ``version_ns``, outcome ``posted_at``, judgement
@@ -71,6 +72,9 @@ _LEVEL_ARRAY = ("[(toUInt8(1), toStartOfInterval(end_time, INTERVAL 60 SECOND)),
                 "(toUInt8(2), toStartOfInterval(end_time, INTERVAL 3600 SECOND)), "
                 "(toUInt8(3), toDateTime(0, 'UTC'))]")
 
+#: the group of a ``contrib`` row as one string (a quoted tuple: injective, whatever the names hold)
+_GKEY: Final = "toString(tuple(agent, version, run_kind))"
+
 _LOG_COLS: Final = ["agent", "version", "run_kind", "trial_id", "task_id", "end_time", *_SUM_NAMES,
                     "q", "y", "actions", "traj", "sign", "version_ns"]
 
@@ -116,12 +120,13 @@ ROLLUP_SCHEMA: Final = [
     f"""CREATE TABLE IF NOT EXISTS {{db}}.contrib (
         agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
         trial_id String, task_id String, end_time DateTime64(9, 'UTC'), {_SUMS},
-        q Nullable(Float64), y Int8, actions Array(String), traj Bool, alive Bool, version_ns UInt64
+        q Nullable(Float64), y Int8, actions Array(String), traj Bool, alive Bool, version_ns UInt64,
+        gkey String
     ) ENGINE = ReplacingMergeTree(version_ns)
-    ORDER BY trial_id""",
+    ORDER BY (trial_id, gkey)""",
     f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.contrib_mv TO {{db}}.contrib AS
         SELECT agent, version, run_kind, trial_id, task_id, end_time, {", ".join(_SUM_NAMES)},
-               q, y, actions, traj, sign > 0 AS alive, version_ns
+               q, y, actions, traj, sign > 0 AS alive, version_ns, {_GKEY} AS gkey
         FROM {{db}}.contrib_log""",
     # the rollup looks trials up by trace id and by version: skip indexes keep these lookups
     # from scanning the trials table (parts written before the index existed are still scanned)
@@ -223,7 +228,7 @@ class Rollup:
         self.judge = judge
         self.traj_sample = traj_sample
         self.write_grades = write_grades
-        self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
+        self._seen: dict[tuple, int] = {}  # (trial id, group) → version folded, within the overlap
         self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
@@ -249,7 +254,8 @@ class Rollup:
         #: sections up to date from (:func:`relyscope.scorers.review.sections`).
         self.graded: dict[GroupKey, list[tuple[str, int | None, object]]] = {}
         self._versions: dict[str, int] = {}  # trial id → latest version_ns read by this sync
-        for ddl in ROLLUP_SCHEMA:
+        _key_contrib_by_group(store)  # before the views' DDL: ClickHouse checks a view's query
+        for ddl in ROLLUP_SCHEMA:     # against its target even when the view exists
             _command(store, ddl)
         _widen_sum_columns(store)
         # only where the TTL differs: a MODIFY TTL rewrites the table's parts on a server
@@ -282,10 +288,10 @@ class Rollup:
             st = self._state()
             wt, wo, wj = st.get("trials_wm", 0), st.get("outcomes_wm", 0), st.get("judge_wm", 0)
             q = self.store.query
-            rows = q("SELECT trial_id, trace_id, version_ns FROM {db}.trials WHERE version_ns > %(w)s",
-                     {"w": max(0, wt - OVERLAP_NS)})
+            rows = q("SELECT trial_id, trace_id, version_ns, agent, version, run_kind FROM {db}.trials "
+                     "WHERE version_ns > %(w)s", {"w": max(0, wt - OVERLAP_NS)})
             # rows of the overlap already folded by this process need no second pass
-            fresh = [r for r in rows if self._seen.get(r[0]) != int(r[2])]
+            fresh = [r for r in rows if self._seen.get((r[0], *r[3:6])) != int(r[2])]
             self._versions = {}
             for r in rows:  # the latest row of each trial read (for the report sections' order)
                 self._versions[r[0]] = max(int(r[2]), self._versions.get(r[0], 0))
@@ -311,11 +317,11 @@ class Rollup:
             # verdict or replay): loaded from the recent rows alone (no FINAL over the table)
             wmin = max(0, wt - OVERLAP_NS)
             fast: dict[str, set[str]] = {}
-            for r in rows:
-                fast.setdefault(r[1], set()).add(r[0])
+            for r in rows:  # trace → its recent (trial id, group) keys
+                fast.setdefault(r[1], set()).add((r[0], (r[3], r[4], r[5])))
             slow = (trace_ids - set(fast)) | (named & set(fast))
             if trace_ids:  # replays of changed production runs resolve against them (§6 item 4)
-                ids = sorted({i for t in trace_ids - slow for i in fast[t]})
+                ids = sorted({k[0] for t in trace_ids - slow for k in fast[t]})
                 replays = {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN %(ids)s",
                                            {"ids": ids or [""]})} if ids else set()
                 if slow:
@@ -341,7 +347,7 @@ class Rollup:
                 # otherwise lose its old trials at the first start, never rolled up)
                 self.store.apply_retention()
                 self._retention_applied = True
-            self._seen.update((r[0], int(r[2])) for r in fresh)
+            self._seen.update(((r[0], *r[3:6]), int(r[2])) for r in fresh)
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
             return changed
@@ -368,12 +374,14 @@ class Rollup:
                                      {"p": sorted(again)})
                 if so in current and tid not in current[so]}
 
-    def _refold(self, trace_ids: list[str], fast: dict[str, set[str]] | None = None,
+    def _refold(self, trace_ids: list[str], fast: dict[str, set] | None = None,
                 min_version_ns: int = 0) -> set[GroupKey]:
         """Re-resolve the trials of ``trace_ids`` and replace their contributions (−old, +new, in
-        one insert); retract those of trial ids these traces no longer have (superseded).
-        ``fast``: trace → trial ids of its rows stored after ``min_version_ns``, for traces whose
-        change is those rows alone (read from the recent rows; the others from the whole table)."""
+        one insert); retract those of the (trial id, group) keys these traces no longer have
+        (superseded). A trial is keyed as the store keys it, by trial id *and* group: the same id
+        in two groups is two trials. ``fast``: trace → (trial id, group) keys of its rows stored
+        after ``min_version_ns``, for traces whose change is those rows alone (read from the
+        recent rows; the others from the whole table)."""
         q = self.store.query
         fast = fast or {}
         quick = [t for t in trace_ids if t in fast]
@@ -381,16 +389,17 @@ class Rollup:
         trials = self.store.load_trials(trace_ids=quick, min_version_ns=min_version_ns) if quick else []
         if slow:
             trials += self.store.load_trials(trace_ids=slow)
-        ids = [t.trial_id for t in trials]
-        # every trial id these traces ever had (a re-keyed trial leaves a tombstone row, recent
-        # when the re-keying is)
-        all_ids = {i for t in quick for i in fast[t]} | set(ids)
+        loaded = {(t.trial_id, (t.agent_name, t.agent_version, t.run_kind)) for t in trials}
+        # every (trial id, group) these traces ever had (a re-keyed trial leaves a tombstone row,
+        # recent when the re-keying is); the same trial id in a group of another trace is not theirs
+        all_keys = {k for t in quick for k in fast[t]} | loaded
         if slow:
-            all_ids |= {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
-                                        {"t": slow})}
+            all_keys |= {(r[0], (r[1], r[2], r[3])) for r in q(
+                "SELECT DISTINCT trial_id, agent, version, run_kind FROM {db}.trials WHERE trace_id IN %(t)s",
+                {"t": slow})}
         resolved = self.resolve(trials)
-        prev = self._current(all_ids)
-        new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
+        prev = {k: v for k, v in self._current({k[0] for k in all_keys}).items() if k in all_keys}
+        new_state: dict[tuple[str, GroupKey], tuple[GroupKey, _Current] | None] = {k: None for k in prev}
         grades: dict[GroupKey, dict] = {}
         facts: list[tuple[GroupKey, tuple]] = []
         for t in resolved:
@@ -404,19 +413,15 @@ class Rollup:
             ctb = contribution(t, severity=g.severity if pol is not None else 0.0,
                                invalid=not g.valid or is_sandbox_miss(t))
             group = (t.agent_name, t.agent_version, t.run_kind)
-            new_state[t.trial_id] = (group, _Current(t.task_id, t.end_ns, ctb))
+            new_state[(t.trial_id, group)] = (group, _Current(t.task_id, t.end_ns, ctb))
             grades.setdefault(group, {})[t.trial_id] = g
-            if self.graded:
-                if group in self.graded:  # every resolved trial: its facts may change with an equal contribution
-                    facts.append((group, (t.trial_id, self._versions.get(t.trial_id), trial_facts(t, g))))
-                old_group = prev[t.trial_id][0] if t.trial_id in prev else group
-                if old_group != group and old_group in self.graded:  # moved to another group
-                    facts.append((old_group, (t.trial_id, 0, None)))
+            if self.graded and group in self.graded:  # every resolved trial: its facts may change with an equal contribution
+                facts.append((group, (t.trial_id, self._versions.get(t.trial_id), trial_facts(t, g))))
         now = time.time_ns()
         rows: list[list] = []
         changed: set[GroupKey] = set()
-        for i, (tid, new) in enumerate(sorted(new_state.items())):
-            old = prev.get(tid)
+        for i, (key, new) in enumerate(sorted(new_state.items())):
+            old, tid = prev.get(key), key[0]
             if old == new:
                 continue  # nothing changed: write nothing
             if old is not None:
@@ -433,21 +438,22 @@ class Rollup:
             for group, ev in facts:
                 if group in self.graded:
                     self.graded[group].append(ev)
-            kept = {t.trial_id for t in resolved}
+            kept = {(t.trial_id, (t.agent_name, t.agent_version, t.run_kind)) for t in resolved}
             for t in trials:  # stored, left out by the resolution
-                if t.trial_id not in kept and (t.agent_name, t.agent_version, t.run_kind) in self.graded:
-                    self.graded[(t.agent_name, t.agent_version, t.run_kind)].append(
-                        (t.trial_id, self._versions.get(t.trial_id), None))
-            gone = sorted(all_ids - {t.trial_id for t in trials})
-            for lst in self.graded.values():
-                lst += [(tid, 0, None) for tid in gone]
+                g = (t.agent_name, t.agent_version, t.run_kind)
+                if (t.trial_id, g) not in kept and g in self.graded:
+                    self.graded[g].append((t.trial_id, self._versions.get(t.trial_id), None))
+            for tid, g in sorted(all_keys - loaded):  # tombstoned, gone, or moved to another group
+                if g in self.graded:
+                    self.graded[g].append((tid, 0, None))
         if self.write_grades:
             from relyscope.scoring.stage import grade_rows_of  # the grades table's row shape
 
             grade_rows = []
             for group, gr in grades.items():
                 if group in changed:
-                    gr = {tid: g for tid, g in gr.items() if prev.get(tid) != new_state.get(tid)}
+                    gr = {tid: g for tid, g in gr.items()
+                          if prev.get((tid, group)) != new_state.get((tid, group))}
                     grade_rows += grade_rows_of(group, GroupReview(gr, {}, frozenset(), {}))
             self.store.insert_grades(grade_rows)
         return changed
@@ -458,7 +464,8 @@ class Rollup:
         return [*group, tid, cur.task_id, cur.end_ns, *c.sums, c.conf[0] if c.conf else None,
                 c.conf[1] if c.conf else -1, list(c.actions or ()), c.actions is not None, sign, vns]
 
-    def _current(self, trial_ids: Iterable[str]) -> dict[str, tuple[GroupKey, _Current]]:
+    def _current(self, trial_ids: Iterable[str]) -> dict[tuple[str, GroupKey], tuple[GroupKey, _Current]]:
+        """The current contributions of ``trial_ids``: (trial id, group) → (group, state)."""
         ids = sorted(set(trial_ids))
         if not ids:
             return {}
@@ -468,10 +475,13 @@ class Rollup:
             "SELECT DISTINCT trial_id FROM {db}.contrib WHERE trial_id IN %(ids)s ORDER BY trial_id", {"ids": ids})]
         if not ids:
             return {}
+        # the latest row per (trial id, group): by the group columns, not the key column (rows
+        # written before the table was keyed by group have an empty one)
         rows = self.store.query(
             f"SELECT agent, version, run_kind, trial_id, task_id, toUnixTimestamp64Nano(end_time), "
-            f"{', '.join(_SUM_NAMES)}, q, y, actions, traj FROM {{db}}.contrib FINAL WHERE trial_id IN %(ids)s AND alive",
-            {"ids": ids})
+            f"{', '.join(_SUM_NAMES)}, q, y, actions, traj FROM (SELECT * FROM {{db}}.contrib FINAL "
+            "WHERE trial_id IN %(ids)s ORDER BY version_ns DESC LIMIT 1 BY trial_id, agent, version, run_kind) "
+            "WHERE alive", {"ids": ids})
         out = {}
         k = len(_SUM_NAMES)
         for r in rows:
@@ -479,7 +489,7 @@ class Rollup:
             q, y, actions, traj = r[6 + k:]
             ctb = Contribution(sums, (float(q), int(y)) if q is not None else None,
                                tuple(actions) if traj else None)
-            out[r[3]] = ((r[0], r[1], r[2]), _Current(r[4], int(r[5]), ctb))
+            out[(r[3], (r[0], r[1], r[2]))] = ((r[0], r[1], r[2]), _Current(r[4], int(r[5]), ctb))
         return out
 
     def resolve(self, trials: list[Trial]) -> list[Trial]:
@@ -635,6 +645,22 @@ class Rollup:
             "SELECT task_id, toUnixTimestamp64Nano(end_time), trial_id, actions FROM {db}.traj_sample FINAL "
             f"WHERE agent = %(a)s AND version = %(v)s AND run_kind = %(k)s {only}AND alive "
             "ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p)
+
+
+def _key_contrib_by_group(store: Store) -> bool:
+    """Key ``contrib`` by (trial id, group) where an earlier version keyed it by trial id alone
+    (a trial id stored in two groups — the store keys trials by group — kept one contribution, so
+    the other group's trial was lost or retracted): the key column is added (empty in the rows
+    already there: :meth:`Rollup._current` reads them by their group columns) and the view that
+    feeds the table is remade. Returns whether it migrated. Raises StoreUnavailable."""
+    key = store.query("SELECT sorting_key FROM system.tables WHERE database = %(d)s AND name = 'contrib'",
+                      {"d": store.db})
+    if not key or "gkey" in key[0][0]:
+        return False
+    _command(store, "ALTER TABLE {db}.contrib ADD COLUMN gkey String, MODIFY ORDER BY (trial_id, gkey)")
+    _command(store, "DROP VIEW IF EXISTS {db}.contrib_mv")
+    _command(store, next(d for d in ROLLUP_SCHEMA if ".contrib_mv TO" in d))
+    return True
 
 
 def _widen_sum_columns(store: Store) -> list[str]:
