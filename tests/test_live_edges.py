@@ -254,6 +254,7 @@ def test_the_other_pool_takes_only_its_members_whatever_their_names_hold(store):
                                   max_k=5)
         measured = policy_for(POLICY, member[0]) is not None
         assert_same(batch, score_stats(pooled, safety_measured=measured, n_boot=N_BOOT, seed=0, max_k=5))
+    assert ru.window_stats(("other", "other", "production"), 0, None, members=[]).task_ids == []
     gone = ru.range_stats([member, admitted], 1, 0, 2**32 - 1)
     assert {g: int(st.col("n_all").sum()) for g, st in gone.items()} == {member: 15, admitted: 15}
 

@@ -568,8 +568,8 @@ class Rollup:
             # tuples, not a concatenation with a separator: names may hold any character (NUL
             # too), and agent 'a\0b' version 'c' concatenated equal to agent 'a' version 'b\0c' —
             # the pool took in a group that was not a member
-            who = "(agent, version) IN %(av)s"
-            p["av"] = sorted(tuple(m) for m in members) or [("", "")]
+            who = "(agent, version) IN %(av)s" if members else "0"  # no member: nothing pooled
+            p["av"] = sorted(tuple(m) for m in members)
         where = (f"{who} AND run_kind = %(k)s AND level = %(l)s AND bucket >= toDateTime(%(s)s, 'UTC')"
                  + (" AND bucket < toDateTime(%(u)s, 'UTC')" if until_s is not None else ""))
         rows = self.store.query(
