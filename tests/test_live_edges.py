@@ -325,3 +325,55 @@ def test_contributions_kept_by_trial_id_alone_are_rekeyed_at_start(store, monkey
         live.load(g, now)
     sync(ru, live)
     check(store, live, [G, G2], now)
+
+
+def test_the_stage_publishes_the_batch_scores_of_adversarial_traffic(chdb_path):
+    """Through the scoring stage's cycles (sync, memory, sliding, CIs every cycle): far-future
+    and epoch end times, a trial id shared by two groups, names with NUL, a group of one trial, one
+    with no valid trial, one with only unknown outcomes, huge resources and costs — every window's
+    published score equals the batch scorer's on the same stored trials, with max_k 5 and 2."""
+    from relyscope.config import Settings
+    from relyscope.scoring.stage import ScoreStage
+
+    store = Store(f"chdb://{chdb_path}", database="z" + uuid.uuid4().hex[:10])
+    rng = random.Random(10)
+    now = time.time()
+
+    def grp(agent, n, **kw):
+        return [trial(rng, 1000 * len(agent) + i, now, agent_name=agent, **kw) for i in range(n)]
+
+    trials = grp("mix", 40, task="x") + grp("a\0b", 6) + grp("one", 1, status="complete", outcome="success")
+    trials += grp("zero", 4, status="incomplete") + grp("unknowns", 6, outcome="unknown", confidence=0.4)
+    trials += [trial(rng, 5000 + i, now, agent_name="mix", end_ns=int(e * 1e9), start_ns=0, cost_usd=c)
+               for i, (e, c) in enumerate(((now + 30 * 365 * 86400, 1e25), (0.0, None), (now - 10, math.inf),
+                                           (now - 4000, 2.5), (now - 90000, 1e17)))]
+    trials += [dataclasses.replace(t, agent_version="2.0", trace_id=f"{int(t.trace_id, 16) + 777:032x}")
+               for t in trials[:10]]  # the same trial ids in group mix/2.0
+    store.insert_trials(trials[: len(trials) // 2])
+    for max_k in (5, 2):
+        s = Settings(store=f"chdb://{chdb_path}", n_boot=N_BOOT, score_ci_background=False,
+                     score_ci_interval_s=0.0, max_k=max_k)
+        stage = ScoreStage(s, store, POLICY)
+        try:
+            stage.rescore(all_groups=True)
+            rest = trials[len(trials) // 2:] if max_k == 5 else []
+            store.insert_trials(rest)
+            stage.trials_stored(rest)
+            stage.rescore()
+            at = time.time()
+            groups = {(t.agent_name, t.agent_version, t.run_kind) for t in trials}
+            for g in sorted(groups):
+                for name, length in stage.windows:
+                    since = window_start(at, length)
+                    got = stage.window_scores[name].get(g)
+                    mine = store.load_trials(agent=g[0], version=g[1], run_kind=g[2], since_ns=since * 10**9)
+                    mine = sorted(apply_outcomes(mine, store.outcomes()), key=lambda t: t.task_id)
+                    batch, _ = score_reviewed(mine, POLICY, n_boot=N_BOOT, seed=0, max_k=max_k)
+                    assert got is not None, (g, name)
+                    try:
+                        assert_same(batch, got)
+                    except AssertionError as e:
+                        raise AssertionError(f"max_k {max_k} {g} {name}: {e}") from e
+        finally:
+            stage.close()
+    store.close()
