@@ -377,3 +377,34 @@ def test_the_stage_publishes_the_batch_scores_of_adversarial_traffic(chdb_path):
         finally:
             stage.close()
     store.close()
+
+
+def test_a_small_case_by_hand_unknown_outcomes_stay_unknown(store):
+    """By hand (metrics.md §2, §3): task A has outcomes success, success, failure; task B
+    success and unknown; task C only unknowns. Known: n = (3, 1, 0), c = (2, 1, 0).
+    success_rate = 3/4; pass@1 = mean(2/3, 1) = 5/6 over 2 tasks; pass^2 over tasks with n ≥ 2
+    (A only) = C(2,2)/C(3,2) = 1/3; C_out(A) = (2·2/3 − 1)² = 1/9 (B, C: n < 2); unanimity 0.
+    An unknown outcome counted as a failure would give 3/6 and pass@1 = mean(2/3, 1/2, 0)."""
+    now = time.time()
+    rng = random.Random(11)
+    outs = [("A", "success"), ("A", "success"), ("A", "failure"), ("B", "success"), ("B", "unknown"),
+            ("C", "unknown"), ("C", "unknown")]
+    trials = [_plain(rng, i, now, task=task, outcome=o) for i, (task, o) in enumerate(outs)]
+    ru, live = start(store, trials, [G], now)
+    check(store, live, [G], now)
+    for name in ("5m", "all"):
+        m = score_stats(live.stats(G, name), safety_measured=True, n_boot=0, max_k=5).metrics
+        assert (m["success_rate"].value, m["success_rate"].n_tasks, m["success_rate"].n_trials) == (0.75, 2, 4)
+        assert m["pass@1"].value == pytest.approx(5 / 6) and m["pass@1"].n_tasks == 2
+        assert m["pass^2"].value == pytest.approx(1 / 3) and m["pass^2"].n_tasks == 1
+        assert m["C_out"].value == pytest.approx(1 / 9) and m["unanimity"].value == 0.0
+        assert "pass@4" not in m  # K = the most known outcomes of a task (3)
+    gu = ("unk", "1.0", "production")  # a group with outcomes all unknown: undefined, never 0
+    store.insert_trials([_plain(rng, 50 + i, now, task=f"u{i % 2}", outcome="unknown", agent_name="unk")
+                         for i in range(4)])
+    live.load(gu, now)
+    sync(ru, live)
+    check(store, live, [G, gu], now)
+    m = score_stats(live.stats(gu, "all"), safety_measured=True, n_boot=0).metrics
+    assert math.isnan(m["success_rate"].value) and m["success_rate"].n_trials == 0
+    assert math.isnan(m["pass@1"].value) and math.isnan(m["C_out"].value)
