@@ -133,7 +133,15 @@ class Settings(BaseSettings):
     redact_deny: list[str] = Field(default_factory=list, description="attribute keys or globs dropped before storage "
                                    "(span, event and resource attributes; case-insensitive)")
     redact_patterns: list[str] = Field(default_factory=list, description="regexes replaced by [REDACTED] in every "
-                                       "string stored or served (names, status messages, attribute values, events, resource)")
+                                       "string stored or served (names, status messages, attribute values, events, "
+                                       "resource); in identity values (task / trial / session ids, agent name and "
+                                       "version, run kind, span name, …) by a keyed token [REDACTED:<hex>] instead")
+    redact_allow: list[str] = Field(default_factory=list, description="when set, only these attribute keys or globs "
+                                    "are kept (span, event and resource attributes; case-insensitive), besides the "
+                                    "identity keys scoring reads, which are always kept; [] = no allow list")
+    redact_key: SecretStr | None = Field(None, min_length=16, description="HMAC key of the identity tokens of "
+                                         "RELYSCOPE_REDACT_PATTERNS (equal secrets, equal tokens); unset: a random "
+                                         "key kept in <spool dir>.redact-key (relyscope score: one per run)")
 
     judge_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) of an optional LLM judge; off when unset")
     judge_model: str = Field("gpt-4o-mini", description="model name sent to the judge")
@@ -271,6 +279,14 @@ class Settings(BaseSettings):
         if not v.startswith(("chdb://", "http://", "https://")):
             raise ValueError(f"unrecognised store DSN {v!r}: use chdb:///path (embedded), chdb://memory, "
                              "or http(s)://user:password@host:8123/database")
+        return v
+
+    @field_validator("redact_allow")
+    @classmethod
+    def _globs(cls, v: list[str]) -> list[str]:
+        bad = [g for g in v if not g.strip()]
+        if bad:
+            raise ValueError("an empty key or glob matches no attribute (remove it)")
         return v
 
     @field_validator("redact_patterns")

@@ -57,7 +57,7 @@ from relyscope.collector.otlp import (
     decode_http,
     validate_http,
 )
-from relyscope.collector.otlp import _decompress as decompress  # TODO: public name
+from relyscope.collector.otlp import decompress
 from relyscope.collector.records import TAG_JSON, TAG_PROTO
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
@@ -108,6 +108,9 @@ class Stats:
     # recent write latencies, drained by the exporter's histogram; bounded if nobody scrapes
     store_write_seconds: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4096))
     backpressure: int = 0
+    # stored spans by redaction flag: "redacted" (the policy changed the span), "redacted_identity"
+    # (an identity value or the span name got its keyed token)
+    redacted: collections.Counter = field(default_factory=collections.Counter)
 
 
 def spool_segment_bytes(settings: Settings) -> int:
@@ -142,8 +145,11 @@ class Pipeline:
         self.clock = clock
         # fail fast on a bad policy file (PolicyError names the file and field)
         self.policy: Policy | None = load_policy(settings.policy_file) if settings.policy_file else None
-        # limits, redaction and decode path: built where `relyscope score` builds them too
-        setup = ingest_setup(settings)
+        spool_dir = settings.spool_dir or default_spool_dir(store.dsn)
+        # limits, redaction and decode path: built where `relyscope score` builds them too; the
+        # identity-token key kept beside the spool (unless RELYSCOPE_REDACT_KEY), so equal ids
+        # stay equal across restarts
+        setup = ingest_setup(settings, key_file=spool_dir.rstrip("/") + ".redact-key")
         self.limits = setup.limits
         self.redactor = setup.redactor
         # the hot path (relyscope.collector.fastpath) or the reference it is tested against
@@ -153,7 +159,6 @@ class Pipeline:
         self._decode_fn: Callable[[bytes], DecodeResult] = setup.decode_record
         self._prefetch: OrderedPrefetch | None = None  # set by start() when decode_workers > 1
         self.inflight = InflightBudget(settings.max_inflight_bytes)  # shared by both receivers
-        spool_dir = settings.spool_dir or default_spool_dir(store.dsn)
         self.spool_dir = spool_dir
         self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
                            segment_bytes=spool_segment_bytes(settings))
@@ -590,6 +595,13 @@ class Pipeline:
             self._store_ok()
             for seq, _ in batch:
                 self._strikes.pop(seq, None)
+            if self.redactor.active:
+                for _, spans in per_record:
+                    for s in spans:
+                        if "redacted" in s.flags:
+                            self.stats.redacted["redacted"] += 1
+                            if "redacted_identity" in s.flags:
+                                self.stats.redacted["redacted_identity"] += 1
             self.stats.store_write_seconds.append(self.store.last_write_s)
             if prior:  # stored spans of these traces (committed records), so they are assembled whole
                 self.builder.add(((s, normalize(s)) for s in prior), now)

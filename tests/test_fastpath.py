@@ -31,7 +31,7 @@ from relyscope.collector.normalize import normalize
 from relyscope.collector.normalize.fast import OTHER_KEYS, normalize_fast
 from relyscope.collector.normalize.versions import CONVENTIONS
 from relyscope.collector.otlp import Limits, OTLPRequestError, decode_http
-from relyscope.collector.otlp import _decompress
+from relyscope.collector.otlp import decompress
 from relyscope.collector.redaction import Redactor
 from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, SpanEvent
@@ -97,7 +97,7 @@ def _same_semantics(requests, **settings) -> None:
         except OTLPRequestError:
             continue
         tag = b"J" if "json" in ct else b"P"
-        fast = fastpath.decode_record(tag + _decompress(body, enc, lim), lim, red)
+        fast = fastpath.decode_record(tag + decompress(body, enc, lim), lim, red)
         assert fast.semantics == [normalize(red.apply(s)) for s in full.spans]
 
 
@@ -208,8 +208,9 @@ def test_recorded_emitter_spans_same_rows_and_trials(chdb_dir):
 
 def test_redaction_same_rows_and_trials(chdb_dir):
     reqs = _bench_requests() + _spans_file_requests()
+    # one identity-token key for both runs (each pipeline would otherwise keep its own beside its spool)
     _, spans, _, _ = _same(chdb_dir, reqs, redact_deny=["gen_ai.tool.call.arguments", "llm.*"],
-                           redact_patterns=[r"\d{3}", "delivered"])
+                           redact_patterns=[r"\d{3}", "delivered"], redact_key="fastpath-same-key-0123")
     stored = json.dumps([list(map(str, r)) for r in spans])
     assert "delivered" not in stored and "[REDACTED]" in stored
 

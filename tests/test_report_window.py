@@ -126,3 +126,20 @@ def test_a_bad_setting_names_the_environment_variable(tmp_path):
     err = " ".join(r.stderr.split())
     assert "RELYSCOPE_SHADOW_RATE='2': Input should be less than or equal to 1" in err, err
     assert "shadow_rate:" not in err
+
+
+def test_an_unconfigured_window_names_the_setting_and_the_configured_windows(sc):
+    """``?window=30m`` (a valid window, not one of the default RELYSCOPE_SCORE_WINDOWS
+    5m,1h,24h,7d,all): the 422 names the setting to change and lists what is scored; ``60m`` is
+    the length of the configured ``1h`` and is pointed at it; the CLI prints the same reason."""
+    r = sc.get("/api/v1/report", params={"window": "30m"})
+    assert r.status_code == 422, r.text
+    msg = r.json()["detail"]
+    assert "unknown window '30m'" in msg and "RELYSCOPE_SCORE_WINDOWS" in msg, msg
+    assert "(5m, 1h, 24h, 7d, all)" in msg, msg
+    assert "RELYSCOPE_SCORE_WINDOWS=5m,1h,24h,7d,all,30m" in msg, msg
+    msg = sc.get("/api/v1/report", params={"window": "60m"}).json()["detail"]
+    assert "ask for window=1h" in msg, msg
+    cli = _cli_raw(sc.api, "report", "--api", sc.api, "--window", "30m")
+    assert cli.returncode == 2
+    assert "RELYSCOPE_SCORE_WINDOWS=5m,1h,24h,7d,all,30m" in " ".join(cli.stderr.split()), cli.stderr

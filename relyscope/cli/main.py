@@ -279,14 +279,19 @@ def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None, window
 @app.command()
 def report(
     format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
-    api: str = typer.Option(DEFAULT_API, "--api", help="URL of a running sidecar's API"),
-    store: Optional[str] = typer.Option(None, help="open this store directly when no sidecar answers [RELYSCOPE_STORE]"),
+    api: Optional[str] = typer.Option(None, "--api", help=f"URL of a running sidecar's API (default {DEFAULT_API})"),
+    store: Optional[str] = typer.Option(None, help="read this store (chdb:///path or http(s)://…/db) instead of "
+                                        "asking a sidecar; without it: the sidecar at --api, else RELYSCOPE_STORE"),
     token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API"),
     n_boot: int = typer.Option(2000, min=0, help="bootstrap resamples when scoring from the store"),
     window: Optional[str] = typer.Option(None, "--window", help="scoring window: 5m, 1h, 24h, 7d, all, or "
                                          "another of RELYSCOPE_SCORE_WINDOWS (default: the sidecar's primary)"),
 ) -> None:
-    """Print the reliability profile per agent / version / run kind."""
+    """Print the reliability profile per agent / version / run kind. ``--store`` reads that store
+    (an embedded one a running sidecar holds is read through that sidecar's API, checked to be the
+    one holding it); without it the sidecar at ``--api`` answers, else the store of
+    RELYSCOPE_STORE is read. The header says which source the report came from (JSON:
+    ``source``)."""
     if window:
         from relyscope.scoring.windows import parse_windows
 
@@ -295,28 +300,87 @@ def report(
         except ValueError as e:
             err.print(f"[red]--window: {e}[/red]")
             raise typer.Exit(2) from None
-    rep = _fetch_report(api, token, window)
-    if rep is None:
-        from relyscope.store import chdb_path
+    if store is not None:
+        rep, source = _report_of_store(store, api, token, n_boot, window)
+    else:
+        api = api or DEFAULT_API
+        rep = _fetch_report(api, token, window)
+        source = {"from": "sidecar", "api": api, "store": None}
+        if rep is None:
+            dsn = _local_dsn(_settings().store, api)  # RELYSCOPE_STORE, validated as serve's
+            err.print(f"no sidecar at {api}; reading {dsn}")
+            rep = _report_from_store_or_exit(dsn, n_boot, window)
+            source = {"from": "store", "api": None, "store": dsn}
+    _print_report({**rep, "source": source}, format, source=source)
 
-        dsn = _settings(store=store).store  # validated like serve's (a bad DSN names the field)
-        local = chdb_path(dsn)  # chdb:///./x is ./x, read from the current directory as serve does
-        if local is not None:
-            path = Path(local)
-            dsn = "chdb://" + local
-            if not path.exists():
-                err.print(f"[red]no sidecar answers at {api} and there is no store at {path}[/red] "
-                          "(start `relyscope serve`, or pass --api URL / --store DSN)")
-                raise typer.Exit(1)
-        err.print(f"no sidecar at {api}; reading {dsn}")
-        from relyscope.store import StoreUnavailable
 
-        try:
-            rep = _report_from_store(dsn, n_boot, window=window)
-        except StoreUnavailable as e:
+def _local_dsn(dsn: str, api: Optional[str]) -> str:
+    """``dsn`` with an embedded store's path made absolute (read from the current directory as
+    serve does); exit 1 when that directory does not exist."""
+    from relyscope.store import chdb_path
+
+    local = chdb_path(dsn)
+    if local is None:
+        return dsn
+    if not Path(local).exists():
+        where = f"no sidecar answers at {api} and there" if api else "there"
+        err.print(f"[red]{where} is no store at {local}[/red] "
+                  "(start `relyscope serve`, or pass --api URL / --store DSN)")
+        raise typer.Exit(1)
+    return "chdb://" + local
+
+
+def _report_from_store_or_exit(dsn: str, n_boot: int, window: Optional[str]) -> dict:
+    from relyscope.store import StoreUnavailable
+
+    try:
+        return _report_from_store(dsn, n_boot, window=window)
+    except StoreUnavailable as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+
+
+def _report_of_store(store: str, api: Optional[str], token: Optional[str], n_boot: int,
+                     window: Optional[str]) -> tuple[dict, dict]:
+    """The report of the store named by ``--store`` and its source. chDB lets one process open a
+    data directory: one a running sidecar holds is read through the API of that sidecar
+    (``--api``, default :data:`DEFAULT_API`) once its ``/healthz`` says it serves that very
+    directory; any other sidecar's report is never taken for it (exit 1 naming both)."""
+    from relyscope.store import StoreUnavailable, chdb_path
+
+    dsn = _local_dsn(_settings(store=store).store, None)
+    try:
+        return _report_from_store(dsn, n_boot, window=window), {"from": "store", "api": None, "store": dsn}
+    except StoreUnavailable as e:
+        if "in use by another process" not in str(e):
             err.print(f"[red]{e}[/red]")
             raise typer.Exit(1) from None
-    _print_report(rep, format)
+    a = api or DEFAULT_API
+    held = _sidecar_store(a)
+    if held is not None and chdb_path(held) is not None and \
+            os.path.realpath(chdb_path(held)) == os.path.realpath(chdb_path(dsn)):
+        err.print(f"{dsn} is held by the sidecar at {a} (chDB lets one process open a data directory): "
+                  "reading it through that sidecar's API")
+        rep = _fetch_report(a, token, window)
+        if rep is not None:
+            return rep, {"from": "sidecar", "api": a, "store": dsn}
+    answer = f"serves {held}" if held else "does not answer"
+    err.print(f"[red]--store {dsn}: the data directory is in use by another process, and the sidecar at {a} "
+              f"{answer}[/red] (pass --api URL of the sidecar that holds it, or stop that process)")
+    raise typer.Exit(1)
+
+
+def _sidecar_store(api: str) -> Optional[str]:
+    """The store DSN the sidecar at ``api`` reports on ``/healthz`` (no token needed), None when
+    nothing answers there or the answer has none."""
+    import httpx
+
+    try:
+        r = httpx.get(api.rstrip("/") + "/healthz", timeout=10)
+    except httpx.TransportError:
+        return None
+    d = _json_or_none(r) or {}
+    return d.get("store") if isinstance(d.get("store"), str) else None
 
 
 @app.command()
@@ -376,7 +440,8 @@ def score(
     Each request is decoded, limited and redacted as the sidecar does it (one construction,
     relyscope.collector.decoding.ingest_setup): RELYSCOPE_INGEST_DECODER (fast, the default, or
     legacy), RELYSCOPE_MAX_BODY_BYTES / MAX_ATTRIBUTES / MAX_ATTRIBUTE_LENGTH, RELYSCOPE_REDACT_DENY /
-    REDACT_PATTERNS. What the sidecar would report back (rejected spans, repairs) and how many spans
+    REDACT_ALLOW / REDACT_PATTERNS / REDACT_KEY (unset: identity tokens agree within the run only).
+    What the sidecar would report back (rejected spans, repairs) and how many spans
     were redacted is printed on stderr."""
 
     from relyscope.collector import fastpath
@@ -397,7 +462,7 @@ def score(
     # summed over the requests: what the sidecar answers in OTLP partial success (rejected spans,
     # their reasons, the repairs of accepted spans) and the spans the redaction policy changed
     tally = DecodeResult()
-    stored = redacted = 0
+    stored = redacted = tokenized = 0
     try:
         st = Store(f"chdb://{data_dir}")
         bodies = []  # (file, line number or None, body)
@@ -436,6 +501,7 @@ def score(
                     builder.add(((s, normalize(s)) for s in spans), 0.0)
                 stored += len(spans)
                 redacted += sum(1 for s in spans if "redacted" in s.flags)
+                tokenized += sum(1 for s in spans if "redacted_identity" in s.flags)
                 prog.advance(task)
         from relyscope.scorers.outcomes import apply_outcomes
 
@@ -445,14 +511,18 @@ def score(
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    _print_ingest_summary(stored, tally, redacted, settings)
-    _print_report(_score_trials(trials, n_boot, str(policy) if policy else None), format)
+    _print_ingest_summary(stored, tally, redacted, settings, tokenized)
+    from relyscope.cli.render import offline_empty_hint
+
+    _print_report(_score_trials(trials, n_boot, str(policy) if policy else None), format,
+                  empty=offline_empty_hint(stored))
 
 
-def _print_ingest_summary(stored: int, tally, redacted: int, settings) -> None:
+def _print_ingest_summary(stored: int, tally, redacted: int, settings, tokenized: int = 0) -> None:
     """stderr lines of ``relyscope score``: spans rejected (by reason), the repairs made to stored
     ones (the sidecar's partial-success message, summed over the requests) and the spans the
-    redaction policy changed. Nothing when nothing was lost, altered or redacted."""
+    redaction policy changed (``tokenized`` of them with an identity value's secret replaced by its
+    keyed token). Nothing when nothing was lost, altered or redacted."""
     from rich.markup import escape
 
     if tally.rejected:
@@ -464,17 +534,30 @@ def _print_ingest_summary(stored: int, tally, redacted: int, settings) -> None:
         err.print(f"[yellow]ingest: {escape(msg)}[/yellow]", soft_wrap=True)
     if redacted:
         by = [n for n, v in (("RELYSCOPE_REDACT_DENY", settings.redact_deny),
+                             ("RELYSCOPE_REDACT_ALLOW", settings.redact_allow),
                              ("RELYSCOPE_REDACT_PATTERNS", settings.redact_patterns)) if v]
-        err.print(f"ingest: {redacted} of {stored} spans redacted ({', '.join(by)}) before storage", soft_wrap=True)
+        ident = (f"; {tokenized} with identity values tokenized (task / trial / session ids, agent, span name: "
+                 "[REDACTED:<hex>], distinct values stay distinct)" if tokenized else "")
+        err.print(f"ingest: {redacted} of {stored} spans redacted ({', '.join(by)}) before storage{ident}",
+                  soft_wrap=True)
 
 
-def _print_report(rep: dict, fmt) -> None:
+def _print_report(rep: dict, fmt, source: Optional[dict] = None, empty: Optional[str] = None) -> None:
+    """``rep`` as JSON or tables; ``source`` (``relyscope report``): where it came from, the first
+    line of the tables (JSON: the report's ``source`` field); ``empty``: the hint of a report with
+    no group (default: the live sidecar's, :func:`relyscope.cli.render.empty_hint`)."""
     if getattr(fmt, "value", fmt) == "json":
         print(json.dumps(rep, indent=2))
         return
     from relyscope.cli.render import render_report
 
-    render_report(rep, console)
+    if source is not None:
+        from rich.markup import escape
+
+        where = (f"the sidecar at {source['api']}" + (f" (it holds {source['store']})" if source.get("store") else "")
+                 if source["from"] == "sidecar" else f"store {source['store']}")
+        console.print(escape(f"report from {where}"), soft_wrap=True)
+    render_report(rep, console, empty=empty)
 
 
 DEMO_VERSIONS = {"1.0.0": 0.0, "1.0.1": 0.0, "1.1.0": -0.35}

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["render_report", "empty_hint"]
+__all__ = ["render_report", "empty_hint", "offline_empty_hint"]
 
 _DIMENSIONS = [
     ("Success", ["success_rate", "pass@*", "pass^*"]),
@@ -32,6 +32,18 @@ def empty_hint(finalize: dict | None) -> str:
     return f"hint: {when}; POST /api/v1/flush finalizes and scores every open trace now"
 
 
+def offline_empty_hint(stored: int) -> str:
+    """Why ``relyscope score`` found no trial in its input: every trace was finalized at the end
+    of the input (no grace period, nothing to flush), so either no span was stored or none of
+    them belongs to an agent run relyscope reads. ``stored``: spans stored from the input."""
+    if not stored:
+        return "hint: no span of the input was stored (the rejected spans are listed above)"
+    return (f"hint: none of the {stored} stored spans is part of an agent run: relyscope builds trials from "
+            "GenAI spans (gen_ai.operation.name invoke_agent / chat / execute_tool, OpenInference, OpenLLMetry, "
+            "… — README \"Point an already-instrumented agent at it\"); every trace of the input was finalized "
+            "at its end, so nothing is pending (keep the store with --keep-store DIR to see what was stored)")
+
+
 def _fmt(v) -> str:
     return "—" if v is None else f"{v:.4f}"
 
@@ -44,9 +56,15 @@ def _names(metrics: dict, pattern: str) -> list[str]:
     return [pattern] if pattern in metrics else []
 
 
-def render_report(rep: dict, console: Console) -> None:
-    """One table per (agent, version, run kind): metric, value, 95 % CI, tasks; "—" = undefined."""
+def render_report(rep: dict, console: Console, empty: str | None = None) -> None:
+    """One table per (agent, version, run kind): metric, value, 95 % CI, tasks; "—" = undefined.
+    ``empty``: what to say when there is no group (``relyscope score``: nothing is pending there),
+    instead of the live sidecar's :func:`empty_hint`."""
     if not rep.get("groups"):
+        if empty is not None:
+            console.print("[yellow]no trials[/yellow]")
+            console.print(escape(empty), soft_wrap=True)
+            return
         console.print("[yellow]no finalized trials yet[/yellow]")
         console.print(escape(empty_hint(rep.get("finalize"))))
         return

@@ -349,7 +349,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
             budget.release(held[0])
 
     async def _other_signal_body(request: Request, fn, reply, ctype, is_json: bool, held: list[int]) -> Response:
-        from relyscope.collector.otlp import Limits, _decompress
+        from relyscope.collector.otlp import Limits, decompress
 
         chunks, size = [], 0
         try:
@@ -370,7 +370,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
             return status_reply(408, grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request body not received within {read_timeout} s", is_json, {"Connection": "close"})
         try:
-            body = _decompress(b"".join(chunks), request.headers.get("content-encoding"), Limits(max_body_bytes=limit))
+            body = decompress(b"".join(chunks), request.headers.get("content-encoding"), Limits(max_body_bytes=limit))
             await run_in_threadpool(fn, pipeline, body, is_json)
         except Exception as e:  # noqa: BLE001 - mapped to a reply; never a bare 500 to the client
             return failure_reply(e, is_json, "relyscope spool full; retry later")

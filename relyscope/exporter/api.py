@@ -135,6 +135,15 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     app = FastAPI(title="relyscope", version="0.1.0", **({"docs_url": None, "redoc_url": None, "openapi_url": None}
                                                          if token else {}))
     registry = build_registry(pipeline)
+    redactor = getattr(pipeline, "redactor", None)
+
+    def ident(value: str | None) -> str | None:
+        """A filter or posted id in its stored form: secrets (RELYSCOPE_REDACT_PATTERNS) replaced
+        by their tokens as in the stored identity values, so the raw id finds its trials (the
+        token itself too: tokenizing is idempotent); None stays None."""
+        if value is None or redactor is None or not redactor.patterns:
+            return value
+        return redactor.tokenize(value)
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
@@ -208,6 +217,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
     def report(agent: str | None = None, version: str | None = None, run_kind: str | None = None,
                window: str | None = None) -> dict:
         # window: one of the sidecar's scoring windows (RELYSCOPE_SCORE_WINDOWS); default the primary
+        agent, version, run_kind = ident(agent), ident(version), ident(run_kind)
         scoring = pipeline.scoring
         name = window or scoring.primary_window
         refused = window_refusal(pipeline.settings, scoring, name)
@@ -236,8 +246,8 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         """Finalized trials with their steps, ordered by trial id, one page at a time:
         ``{"trials": [...], "total": n matching, "next_cursor": str | null}`` (null: last page)."""
         after = _Cursor.decode("trials", cursor)
-        filters = {"agent": agent, "version": version, "run_kind": run_kind, "task_id": task_id,
-                   "trace_ids": [trace_id.lower()] if trace_id else None}
+        filters = {"agent": ident(agent), "version": ident(version), "run_kind": ident(run_kind),
+                   "task_id": ident(task_id), "trace_ids": [trace_id.lower()] if trace_id else None}
         try:
             rows = await run_in_threadpool(pipeline.load_trials, **filters, after_trial_id=after, limit=limit + 1)
             total = await run_in_threadpool(pipeline.store.count_trials, **filters)
@@ -257,7 +267,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         from relyscope.trajectory import sessions
 
         after = _Cursor.decode("sessions", cursor)
-        filters = {"agent": agent, "version": version, "run_kind": run_kind}
+        filters = {"agent": ident(agent), "version": ident(version), "run_kind": ident(run_kind)}
         try:
             cids, total = await run_in_threadpool(pipeline.store.conversation_ids, **filters,
                                                   after=after, limit=limit + 1)
@@ -289,8 +299,8 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         if metric not in valid:
             raise HTTPException(422, {"msg": f"unknown metric {metric[:80]!r}", "valid_metrics": valid})
         try:
-            points = await run_in_threadpool(pipeline.store.score_history, metric, agent=agent,
-                                             version=version, run_kind=run_kind, limit=limit)
+            points = await run_in_threadpool(pipeline.store.score_history, metric, agent=ident(agent),
+                                             version=ident(version), run_kind=ident(run_kind), limit=limit)
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         return {"metric": metric, "points": points}
@@ -318,10 +328,13 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         outranks it, metrics.md §6), ``no_effect`` (an ``unknown`` post). ``trials``: the
         resolved outcome of each trial of the key after the post. 422: a mistyped body."""
         outcome = body.outcome or ("success" if body.success else "failure")
-        kind, key = ("trial", body.trial_id) if body.trial_id else ("trace", body.trace_id)
+        # a trial id as the spans' was stored: a secret in it replaced by its token (idempotent, so
+        # the token itself works too); the free-text source masked as any stored string
+        kind, key = ("trial", ident(body.trial_id)) if body.trial_id else ("trace", body.trace_id)
+        source = redactor.mask(body.source) if redactor is not None else body.source
         try:
             await run_in_threadpool(pipeline.store.insert_outcome, key, kind, outcome, body.score,
-                                    body.source, verifier=body.verifier)
+                                    source, verifier=body.verifier)
             pipeline.scoring.outcome_posted(kind, key)  # found by name, not by its clock stamp
             await run_in_threadpool(pipeline.rescore, all_groups=True)
             lookup = {"trial_ids": [key]} if kind == "trial" else {"trace_ids": [key]}
@@ -355,7 +368,19 @@ def window_refusal(settings, scoring, name: str) -> str | None:
         return None
     configured = [n for n, _ in scoring.windows]
     if settings.incremental_scoring or name not in configured + ["all"]:
-        return f"unknown window {name!r}; this sidecar scores {', '.join(computed)}"
+        from relyscope.scoring.windows import parse_windows
+
+        try:
+            [(_, length)] = parse_windows(name)
+        except ValueError as e:  # not a window at all (or a list of them)
+            return f"unknown window {name!r}: {e}; this sidecar scores {', '.join(computed)}"
+        same = [n for n, ln in scoring.windows if ln == length and n in computed]
+        alias = f" ({same[0]!r} is the same length: ask for window={same[0]})" if same else ""
+        return (f"unknown window {name!r}: not one of RELYSCOPE_SCORE_WINDOWS, the windows this sidecar scores "
+                f"({', '.join(computed)}){alias}; to score it, add it to RELYSCOPE_SCORE_WINDOWS "
+                f"(e.g. RELYSCOPE_SCORE_WINDOWS={','.join(configured + [name])})"
+                + ("" if settings.incremental_scoring else ", set RELYSCOPE_INCREMENTAL_SCORING=true (the default)")
+                + " and restart the sidecar")
     only = scoring.primary_window
     what = ("every stored trial" if settings.score_window_s is None else
             f"the trials that ended in the last {settings.score_window_s:g} s, RELYSCOPE_SCORE_WINDOW_S")

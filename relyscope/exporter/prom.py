@@ -25,7 +25,7 @@ Reliability gauges are built at scrape time from the latest group scores:
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
-``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
+``relyscope_spans_redacted_total{kind=redacted|redacted_identity}``, ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
 ``relyscope_store_write_seconds`` (histogram),
@@ -152,6 +152,12 @@ class _ReliabilityCollector(Collector):
         for kind, n in sorted(s.warnings.items()):
             warn.add_metric([kind], n)
         yield warn
+        red = CounterMetricFamily("relyscope_spans_redacted", "Stored spans the redaction policy changed, by flag: "
+                                  "redacted (any change), redacted_identity (an identity value's secret replaced "
+                                  "by its keyed token)", labels=["kind"])
+        for kind in ("redacted", "redacted_identity"):
+            red.add_metric([kind], s.redacted.get(kind, 0))
+        yield red
         yield CounterMetricFamily("relyscope_trials_finalized", "Trials finalized (incl. re-finalized)", value=s.trials_finalized)
         yield CounterMetricFamily("relyscope_store_write_errors", "Failed ClickHouse writes", value=s.store_errors)
         yield CounterMetricFamily("relyscope_decode_worker_restarts", "Decode worker pool restarts: a worker "

@@ -305,9 +305,12 @@ _CONTENT: Final = frozenset({
     "tool_response", "llm_request", "llm_response", "prompt", "prompt_messages",
     "response_tool_calls", "input", "output", "prompt_event_attr", "lf_input", "lf_output", "lf_events",
 })
-# Read by the normalizers outside the table (relyscope.collector.normalize.__init__) or by the scorers.
+# Read by the normalizers outside the table (relyscope.collector.normalize.__init__) or by the scorers;
+# service.name / service.version: the agent name and version of a root without gen_ai.agent.* (the
+# trajectory builder, resource attributes).
 _EXTRA_SCORING: Final = ("session.id", "operation.cost", sc.ERROR_TYPE, "exception.type", "exception.message",
-                         sc.GEN_AI_SYSTEM_INSTRUCTIONS, "gen_ai.response.id", "gen_ai.agent.description")
+                         sc.GEN_AI_SYSTEM_INSTRUCTIONS, "gen_ai.response.id", "gen_ai.agent.description",
+                         "service.name", "service.version")
 
 
 def _keys(want_content: bool | None) -> frozenset[str]:
@@ -326,7 +329,9 @@ def _keys(want_content: bool | None) -> frozenset[str]:
 #: ``relyscope.*`` key: an attribute *count* limit never drops these.
 SCORING_KEYS: Final[frozenset[str]] = _keys(None) | frozenset(_EXTRA_SCORING)
 #: The scoring keys that are not message / tool content (ids, names, kinds, models, token counts,
-#: outcome): an attribute *length* limit never truncates these (a cut id merges two tasks, D14).
+#: outcome): an attribute *length* limit never truncates these (a cut id merges two tasks, D14), and
+#: a redaction pattern replaces a secret in them by a keyed token, not one shared mask
+#: (:mod:`relyscope.collector.redaction`: a masked id merges two tasks too).
 EXACT_KEYS: Final[frozenset[str]] = (_keys(False) | frozenset(_EXTRA_SCORING)) - {
     sc.GEN_AI_SYSTEM_INSTRUCTIONS, "exception.message", "gen_ai.agent.description"}
 #: Key prefixes of flattened message history (OpenInference ``llm.input_messages.N.…``, OpenLLMetry
@@ -348,5 +353,7 @@ def attribute_rank(key: str) -> int:
 
 def never_truncate(key: str) -> bool:
     """Whether an attribute-length limit must leave this key's value whole: identity and other
-    exact scoring values (:data:`EXACT_KEYS`, ``relyscope.*``). Pure."""
+    exact scoring values (:data:`EXACT_KEYS`, ``relyscope.*``). The one definition of an identity
+    key: redaction tokenizes (never masks) and an allow list never drops these
+    (:class:`relyscope.collector.redaction.Redactor`). Pure."""
     return key in EXACT_KEYS or key.startswith(_RS_PREFIX)
