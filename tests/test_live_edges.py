@@ -408,3 +408,67 @@ def test_a_small_case_by_hand_unknown_outcomes_stay_unknown(store):
     m = score_stats(live.stats(gu, "all"), safety_measured=True, n_boot=0).metrics
     assert math.isnan(m["success_rate"].value) and m["success_rate"].n_trials == 0
     assert math.isnan(m["pass@1"].value) and math.isnan(m["C_out"].value)
+
+
+class _SteppedClock:
+    """A ``time`` module whose wall clock reads ``back_ns`` behind the real one (an NTP step)."""
+
+    def __init__(self, back_ns: int):
+        self.back_ns = back_ns
+
+    def time_ns(self) -> int:
+        return time.time_ns() - self.back_ns
+
+    def time(self) -> float:
+        return self.time_ns() / 1e9
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_writes_after_the_clock_stepped_back_replace_the_earlier_ones(store, monkeypatch):
+    """Versions were wall-clock stamps: after the clock stepped back, a re-finalized trial's row
+    (and a later outcome post) had a *lower* version than the row it replaces, so the store kept
+    the old trial (both scorers scored a stale outcome) and the rollup's ``contrib`` kept the old
+    contribution (the next change retracted a state already retracted: sums corrupted). Stamps of
+    one writer now never go back (each above the last it wrote or finds ahead of the clock)."""
+    import relyscope.scoring.rollup as R
+    import relyscope.store.clickhouse as chm
+
+    now = time.time()
+    rng = random.Random(12)
+    trials = [_plain(rng, i, now, task=f"t{i % 3}", outcome="failure") for i in range(6)]
+    ru, live = start(store, trials, [G], now)
+    t = trials[0]
+    store.insert_trials([dataclasses.replace(t, revision=2, outcome="success")])
+    store.insert_outcome(trials[1].trial_id, "trial", "success", None, "feedback")
+    sync(ru, live)
+    step = _SteppedClock(3600 * 10**9)
+    monkeypatch.setattr(chm, "time", step)  # the sidecar's clock steps back 1 h
+    monkeypatch.setattr(R, "time", step)
+    store.insert_trials([dataclasses.replace(t, revision=3, outcome="failure", task_id="t1")])
+    store.insert_outcome(trials[1].trial_id, "trial", "failure", None, "feedback")  # the latest post
+    ru.sync(trace_ids=[t.trace_id, trials[1].trace_id])
+    live.apply(ru.rows)
+    ru.rows = []
+    got = {x.trial_id: x for x in apply_outcomes(store.load_trials(), store.outcomes())}
+    assert (got[t.trial_id].revision, got[t.trial_id].task_id) == (3, "t1")
+    assert got[trials[1].trial_id].outcome == "failure"
+    check(store, live, [G], now)
+    store.insert_trials([dataclasses.replace(t, revision=4, outcome="success", task_id="t2")])
+    ru.sync(trace_ids=[t.trace_id])
+    live.apply(ru.rows)
+    ru.rows = []
+    check(store, live, [G], now)
+    fresh = LiveStats(ru, WINDOWS)
+    fresh.load(G, now)
+    check(store, fresh, [G], now)
+    # a restarted process (no memory of its last stamps) continues above those ahead of its clock
+    store._stamps.clear()
+    store.insert_trials([dataclasses.replace(t, revision=5, outcome="failure", task_id="t0")])
+    ru2 = Rollup(store, POLICY, traj_sample=1000)
+    ru2.sync(trace_ids=[t.trace_id])
+    assert store.load_trials(trace_ids=[t.trace_id])[0].revision == 5
+    live2 = LiveStats(ru2, WINDOWS)
+    live2.load(G, now)
+    check(store, live2, [G], now)

@@ -230,6 +230,7 @@ class Rollup:
         self.write_grades = write_grades
         self._seen: dict[tuple, int] = {}  # (trial id, group) → version folded, within the overlap
         self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
+        self._last_stamp: int | None = None  # the last version stamp written (_stamp)
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
@@ -271,9 +272,25 @@ class Rollup:
         return {r[0]: int(r[1]) for r in rows}
 
     def _save_state(self, st: dict[str, int]) -> None:
-        now = time.time_ns()
-        self.store._insert("scoring_state", [[k, v, now] for k, v in st.items()],
+        now = self._stamp(len(st))
+        self.store._insert("scoring_state", [[k, v, now + i] for i, (k, v) in enumerate(st.items())],
                            ["name", "value", "updated_ns"])
+
+    def _stamp(self, n: int) -> int:
+        """The first of ``n`` consecutive version stamps for ``contrib_log`` (→ ``contrib``,
+        ``traj_sample``) and ``scoring_state`` rows: the wall clock, but above every stamp written
+        before — by this process, or found ahead of the clock at the first call. Wall-clock
+        stamps went back with the clock: a trial's new contribution then had a lower version than
+        the one it replaced, ``contrib`` kept the old one, and the trial's next change retracted a
+        state already retracted (sums wrong from then on); saved watermarks lost to older ones."""
+        now = time.time_ns()
+        if self._last_stamp is None:
+            self._last_stamp = max(int(r[0] or 0) for r in self.store.query(
+                "SELECT max(version_ns) FROM {db}.contrib WHERE version_ns > %(now)s UNION ALL "
+                "SELECT max(updated_ns) FROM {db}.scoring_state WHERE updated_ns > %(now)s", {"now": now}))
+        base = max(now, self._last_stamp + 1)
+        self._last_stamp = base + max(n, 1) - 1
+        return base
 
     # ---- sync -----------------------------------------------------------------------------------
     def sync(self, trace_ids: Iterable[str] = (), trial_ids: Iterable[str] = ()) -> set[GroupKey]:
@@ -417,7 +434,7 @@ class Rollup:
             grades.setdefault(group, {})[t.trial_id] = g
             if self.graded and group in self.graded:  # every resolved trial: its facts may change with an equal contribution
                 facts.append((group, (t.trial_id, self._versions.get(t.trial_id), trial_facts(t, g))))
-        now = time.time_ns()
+        now = self._stamp(2 * len(new_state))
         rows: list[list] = []
         changed: set[GroupKey] = set()
         for i, (key, new) in enumerate(sorted(new_state.items())):
