@@ -111,6 +111,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the cycles; print the top functions")
     ap.add_argument("--profile-sort", default="cumulative", help="pstats sort key of --profile (e.g. tottime)")
 
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="trace Python allocations from idle on; print the largest live sites at the end")
     ap.add_argument("--queries", action="store_true",
                     help="time every store query/insert of the cycles; print the costliest statements")
     ap.add_argument("--data", default=None, help="use this already seeded directory (from --seed-only) instead of seeding")
@@ -146,16 +148,21 @@ def main() -> None:
     stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
     stored = store.query("SELECT count() FROM {db}.trials")[0][0]  # also a reused store's extra trials
-    # idle: the least RSS over 5 s at rest after the store opened (one sample right after the
-    # open also holds chDB's transient start-up memory, which varied by ~150 MiB between runs)
-    samples = []
-    for _ in range(6):
+    # idle: RSS at rest once chDB's start-up work settled. Right after the open chDB works in the
+    # background for ~15 s (RssAnon 120 → 270 → 86 MiB on the 1 M store), so an early sample is
+    # neither idle nor a floor: sample every second until the last 5 agree within 8 MiB (≤ 90 s)
+    samples: list[float] = []
+    while len(samples) < 90 and not (len(samples) >= 5 and max(samples[-5:]) - min(samples[-5:]) < 8):
         memory.trim()
         samples.append(rss_mib())
         time.sleep(1.0)
-    idle = min(samples)
-    print(f"RSS at rest after opening the store: {', '.join(f'{x:.0f}' for x in samples)} MiB → idle {idle:.0f}",
-          flush=True)
+    idle = samples[-1]
+    print(f"RSS at rest after opening the store (1 s apart): {', '.join(f'{x:.0f}' for x in samples)} MiB "
+          f"→ idle {idle:.0f}", flush=True)
+    if args.tracemalloc:
+        import tracemalloc
+
+        tracemalloc.start(1)
     t0 = time.perf_counter()
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
@@ -215,6 +222,15 @@ def main() -> None:
               f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending), "
               f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle; chDB tracks {ch_mib:.0f}); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
+    if args.tracemalloc:
+        snap = tracemalloc.take_snapshot()
+        stats = snap.statistics("lineno")
+        total = sum(st.size for st in stats)
+        print(f"Python allocations alive at the end (traced since idle): {total / 2**20:.0f} MiB; RSS "
+              f"{rss_mib() - idle:+.0f} MiB over idle. Largest sites:")
+        for st in stats[:20]:
+            fr = st.traceback[0]
+            print(f"  {st.size / 2**20:7.1f} MiB {st.count:8d} blocks  {fr.filename.split('/work/main/')[-1]}:{fr.lineno}")
     if qtimes:
         print("store statements over the cycles (total s, calls, statement):")
         for key, ts in sorted(qtimes.items(), key=lambda kv: -sum(kv[1]))[:25]:

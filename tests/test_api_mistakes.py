@@ -241,3 +241,20 @@ def test_a_scores_table_of_the_previous_schema_is_migrated(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[0.5, 1.0]"
+
+
+def test_json_body_sent_without_json_content_type_is_refused_with_the_header_to_add(sc):
+    # `curl -X POST …/api/v1/outcomes -d '{…}'` without -H 'content-type: application/json' sends
+    # application/x-www-form-urlencoded; FastAPI then sees a string, not an object, and answered only
+    # "Input should be a valid dictionary or object to extract fields from" — nothing said what to change
+    before = _snapshot(sc)
+    body = '{"trace_id": "%s", "success": true}' % TRACE.format(4)
+    for headers in ({"content-type": "application/x-www-form-urlencoded"}, {"content-type": "text/plain"}):
+        r = sc.post("/api/v1/outcomes", content=body, headers=headers)
+        assert r.status_code == 422, r.text
+        assert "content-type: application/json" in r.json()["hint"], r.text
+        assert r.json()["detail"][0]["loc"] == ["body"]  # FastAPI's own detail is kept as it was
+    assert _snapshot(sc) == before
+    # a JSON content type with a non-object body is a different mistake: no content-type hint
+    r = sc.post("/api/v1/outcomes", content="[1]", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "hint" not in r.json(), r.text

@@ -457,3 +457,15 @@ def test_reasons_say_one_task_in_the_singular() -> None:
     r5 = evaluate_gate(side(trials_from_counts("b", [4] * 3)), side(trials_from_counts("c", [2] * 3)),
                        GatePolicy(min_tasks_to_block=5, metrics={"success_rate": MetricBound(max_regression=0.05)}))
     assert "3 shared tasks" in r5.reasons[0].message and "needs ≈2 more shared tasks" in r5.reasons[0].message
+
+
+def test_needs_more_tasks_is_none_when_delta_is_on_the_bound_up_to_float_rounding() -> None:
+    # Bug: pass^3 candidate 0.6 − baseline 0.7 is -0.09999999999999998 in floating point, not -0.1, so
+    # g = |Δ − bound| ≈ 2.8e-17 and the gate printed "needs ≈145702207765008079909485237239808 more
+    # shared tasks" for a Δ that sits on the bound (docstring: None, no sample size decides it).
+    delta = 0.6 - 0.7
+    assert delta != -0.1 and abs(delta + 0.1) < 1e-15
+    assert needs_more_tasks_estimate(21, delta, (-0.326, 0.114), -0.1, min_tasks=20) is None
+    # a Δ 0.001 below the bound is a real (large) estimate: h = hi − Δ = 0.215, g = 0.001
+    # → 21·215² = 970 725 needed, 970 704 more
+    assert needs_more_tasks_estimate(21, -0.101, (-0.326, 0.114), -0.1) == 970_725 - 21

@@ -591,3 +591,54 @@ def test_drift_of_a_group_that_is_gone_is_not_published_any_more(chdb_path):
     finally:
         stage.close()
         store.close()
+
+
+def test_background_refreshes_start_only_once_the_cycle_that_queued_them_ended(chdb_path):
+    """A refresh queued by a cycle runs in the gap before the next one: started mid-cycle, it
+    took the core and the GIL from the rest of that cycle (2 cores). The cycle is made slow after
+    the submissions (its last phases sleep 0.5 s); every job must start after it returned."""
+    store = Store(f"chdb://{chdb_path}", database="w" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(12)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", perturbation_family=None, outcome="success" if i % 3 else "failure")
+            for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    starts: list[float] = []  # when each window refresh began its bootstrap on the CI thread
+    import threading
+
+    import relyscope.scoring.stage as stage_mod
+
+    real_stats = stage_mod.score_stats
+
+    def spy_score_stats(*a, **kw):
+        if threading.current_thread().name.startswith("relyscope-ci"):
+            starts.append(time.monotonic())
+        return real_stats(*a, **kw)
+
+    try:
+        stage.rescore(all_groups=True)
+        store.insert_trials([dataclasses.replace(base[0], trial_id=f"w{i}", trace_id=f"{9300 + i:032x}",
+                                                 outcome="failure", end_ns=int((now_s - 5) * 1e9)) for i in range(6)])
+        stage.settings = settings.model_copy(update={"score_ci_interval_s": 0.0})
+        real_check = stage._check_some
+
+        def slow_check(*a, **kw):  # after every submission of the cycle
+            time.sleep(0.5)
+            return real_check(*a, **kw)
+
+        stage._check_some = slow_check
+        stage_mod.score_stats = spy_score_stats
+        stage.rescore()
+        ended = time.monotonic()
+        jobs = list(stage._ci_jobs.values())
+        assert len(jobs) >= 2
+        for fut, _, _ in jobs:
+            fut.result(timeout=60)
+        assert starts and min(starts) >= ended, (min(starts) - ended if starts else None)
+    finally:
+        stage_mod.score_stats = real_stats
+        stage.close()
+        store.close()

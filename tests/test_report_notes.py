@@ -80,3 +80,38 @@ def test_empty_report_says_when_trials_finalize():
     assert "no finalized trials yet" in out
     assert "RELYSCOPE_GRACE_PERIOD_S=5 s after their root span ends" in out
     assert "RELYSCOPE_SCORE_INTERVAL_S=10 s" in out and "POST /api/v1/flush" in out
+
+
+def _replay(i: int, task: str, outcome: str, family: str) -> Trial:
+    t = _trial(i, task, outcome, None)
+    return Trial(**{**{f: getattr(t, f) for f in t.__dataclass_fields__}, "run_kind": "shadow",
+                    "perturbation_family": family, "shadow_of": "p0"})
+
+
+def test_replays_without_prompt_family_say_why_not_configure_shadow():
+    # a shadow group whose replays have nominal, fault and env runs but no prompt run (as when the
+    # rule rewriter leaves a short input unchanged and plan_replays drops every rewrite):
+    # task x nominal: success, success → Acc_nom = 1; fault: success, failure → Acc_fault = 0.5,
+    # R_fault = min(0.5/1, 1) = 0.5; env: success, success → R_env = 1; R_prompt undefined.
+    # The old note told the user to "configure shadow replays" — which they had done.
+    trials = [_replay(0, "x", "success", "nominal"), _replay(1, "x", "success", "nominal"),
+              _replay(2, "x", "success", "fault"), _replay(3, "x", "failure", "fault"),
+              _replay(4, "x", "success", "env"), _replay(5, "x", "success", "env")]
+    g = _groups(trials)["a"]
+    assert g["run_kind"] == "shadow"
+    assert abs(g["metrics"]["R_fault"]["value"] - 0.5) < 1e-9
+    assert g["metrics"]["R_env"]["value"] == 1.0
+    assert g["metrics"]["R_prompt"]["value"] is None
+    (note,) = [n for n in g["notes"] if "R_prompt" in n]
+    assert note.startswith("R_prompt undefined: these replays have no prompt-perturbed run with a known outcome")
+    assert "RELYSCOPE_SHADOW_FAMILIES" in note and "left the input unchanged" in note
+    assert "RELYSCOPE_SHADOW_PROMPT_STRENGTH" in note
+    assert "configure shadow replays" not in note
+
+
+def test_production_group_points_at_the_shadow_group_for_robustness():
+    # production runs are never perturbed: R_x there is always undefined, even with replays running;
+    # the note must say where robustness is reported instead of only "configure shadow replays"
+    g = _groups([_trial(0, "x", "success", None), _trial(1, "x", "failure", None)])["a"]
+    (note,) = [n for n in g["notes"] if "R_prompt" in n]
+    assert "[shadow] group" in note

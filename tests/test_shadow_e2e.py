@@ -474,3 +474,23 @@ def test_a_pause_that_cannot_be_saved_says_why_and_the_cli_fails(tmp_path):
         assert sc.get("/api/v1/shadow").json()["paused"] is False  # the resume took effect in memory
         wrong = cli("pause", sc.api + "/not-the-api")  # 404
         assert wrong.returncode == 2, wrong.stdout + wrong.stderr
+
+
+def test_start_while_paused_says_so_instead_of_waiting_out_the_timeout(tmp_path):
+    """Bug: with dispatch paused (RELYSCOPE_SHADOW_PAUSED=true, or an earlier `shadow pause`),
+    `relyscope shadow start` planned the replays and then sat on its progress bar for the whole
+    --timeout (default 900 s) before exiting 2 with "replays still open … {'scheduled': N}" — never
+    saying that the sidecar was paused or how to resume."""
+    with world(tmp_path, ("1.0",), RELYSCOPE_SHADOW_PAUSED="true") as w:
+        sc = w.sc
+        run_production(sc, w.effects, tasks=1, runs=1)
+        (prod,) = sc.trials(run_kind="production")
+        t0 = time.monotonic()
+        p = subprocess.run([str(RELYSCOPE_BIN), "shadow", "start", "--trial", prod["trial_id"], "--timeout", "30",
+                            "--api", sc.api], capture_output=True, text=True, timeout=90)
+        took = time.monotonic() - t0
+        out = " ".join((p.stdout + p.stderr).split())
+        assert p.returncode == 1, out
+        assert "paused" in out and "relyscope shadow resume" in out, out
+        assert took < 20, (took, out)  # did not wait for the 30 s timeout
+        assert sc.get("/api/v1/shadow").json()["replays"].get("scheduled", 0) > 0  # planned, kept for resume

@@ -146,7 +146,8 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
           wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the plan with a progress bar"),
           timeout_s: float = typer.Option(900, "--timeout", min=1),
           api: str = _API, token: Optional[str] = _TOKEN) -> None:
-    """Replay production trials now (regardless of the sampling rate)."""
+    """Replay production trials now (regardless of the sampling rate). Exit 0 done, 1 the sidecar
+    is paused (the replays are scheduled and run after `relyscope shadow resume`), 2 error or timeout."""
     m = _cli()
     if bool(trial) == bool(last):
         m.err.print("[red]give --trial ID (repeatable) or --last N[/red]")
@@ -176,6 +177,15 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
         at = _dt.datetime.fromtimestamp(int(plan["scheduled_at"] * 1000) / 1000, _dt.timezone.utc)
         m.err.print(f"new experiment: judge only it with `relyscope gate … --since "
                     f"{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}`", soft_wrap=True)
+    if ids:
+        state = _call("GET", api, "/api/v1/shadow", token)
+        if state.status_code == 200 and state.json().get("paused"):
+            # a paused sidecar dispatches nothing: waiting would only run out the timeout
+            m.err.print("[yellow]shadow dispatch is paused on this sidecar (`relyscope shadow pause` or "
+                        "RELYSCOPE_SHADOW_PAUSED=true): the replays are scheduled and run after "
+                        "`relyscope shadow resume`[/yellow]", soft_wrap=True)
+            if wait:
+                raise typer.Exit(1)
     if not wait or not ids:
         return
     deadline = time.monotonic() + timeout_s

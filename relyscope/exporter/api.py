@@ -32,6 +32,8 @@ import json
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, model_validator
@@ -151,6 +153,19 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         if declared and declared.isdigit() and int(declared) > MAX_API_BODY_BYTES:
             return JSONResponse({"detail": f"request body over {MAX_API_BODY_BYTES} bytes"}, status_code=413)
         return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        # FastAPI's own 422; plus the header to add when a JSON body came without a JSON content type
+        # (curl -d sends application/x-www-form-urlencoded): pydantic then only says the body is no object
+        detail = jsonable_encoder(exc.errors())
+        out: dict = {"detail": detail}
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if (not ctype.endswith("json") and any(e.get("loc") == ["body"] and e.get("type") == "model_attributes_type"
+                                               for e in detail)):
+            out["hint"] = (f"the body was sent as {ctype or 'no content type'}: send it as JSON with the header "
+                           "content-type: application/json (curl -H 'content-type: application/json')")
+        return JSONResponse(out, status_code=422)
 
     def auth(request: Request) -> None:
         if not check_bearer(request.headers.get("authorization"), token):

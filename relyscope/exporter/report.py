@@ -130,7 +130,20 @@ def undefined_metric_notes(g: dict) -> list[str]:
     rob = _undef(m, ("R_fault", "R_env", "R_prompt"))
     if rob:
         fams = ", ".join(n[2:] for n in rob)
-        notes.append(f"{', '.join(rob + _undef(m, ('R_Rob',)))} undefined: no perturbed (shadow) replays "
-                     f"with a known outcome for {fams} — configure shadow replays (RELYSCOPE_SHADOW_TARGETS, "
-                     "README \"Shadow replays and release gates\")")
+        names = ", ".join(rob + _undef(m, ("R_Rob",)))
+        measured = [n for n in ("R_fault", "R_env", "R_prompt") if n in m and n not in rob]
+        if g.get("run_kind") == "shadow" or measured:
+            # replays exist (they are this group): telling the user to configure them misleads
+            notes.append(
+                f"{names} undefined: these replays have no {fams}-perturbed run with a known outcome — the "
+                "family is off (RELYSCOPE_SHADOW_FAMILIES) or its replays were dropped or all ended unknown / "
+                "sandbox_miss (`relyscope shadow list`)"
+                + ("; prompt rewrites that left the input unchanged are dropped (`relyscope shadow start` "
+                   "notes it): a stronger RELYSCOPE_SHADOW_PROMPT_STRENGTH or an LLM rewriter "
+                   "(RELYSCOPE_REWRITER_URL) changes short inputs" if "R_prompt" in rob else ""))
+        else:
+            notes.append(f"{names} undefined: no perturbed (shadow) replays with a known outcome for {fams} "
+                         "in this group — production runs are not perturbed: robustness is measured on shadow "
+                         "replays and shown in the agent's [shadow] group; configure shadow replays if it has "
+                         "none (RELYSCOPE_SHADOW_TARGETS, README \"Shadow replays and release gates\")")
     return notes

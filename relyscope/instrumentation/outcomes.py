@@ -90,4 +90,6 @@ def post_outcome(
         raise OutcomePostError(f"the sidecar at {api} refused the outcome ({e.code}): {detail}",
                                e.code, detail) from None
     except (urllib.error.URLError, OSError) as e:
-        raise OutcomePostError(f"cannot reach the sidecar at {api}: {e}", None) from None
+        raise OutcomePostError(f"cannot reach the sidecar at {api}: {e} (the sidecar's management API: pass "
+                               f"api='http://HOST:PORT' where it listens, the default is {DEFAULT_API})",
+                               None) from None

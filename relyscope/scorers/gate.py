@@ -508,13 +508,13 @@ def needs_more_tasks_estimate(
     sample is below ``min_tasks`` (module docstring): with h = |Δ − (interval end on the bound's
     side)| and g = |Δ − bound|, ``n_needed = max(⌈n·(h/g)²⌉, n + 1, min_tasks)`` and the result is
     ``⌈(n_needed − n) · n_shared / n⌉`` (``n_shared`` defaults to n). All values oriented so that
-    higher is better; ``bound`` = −max_regression. Returns None for g = 0, non-finite input or
-    n = 0."""
+    higher is better; ``bound`` = −max_regression. Returns None for g = 0 (≤ 1e-12: float
+    rounding of a Δ on the bound), non-finite input or n = 0."""
     lo, hi = ci
     if n_tasks <= 0 or not all(math.isfinite(x) for x in (delta, lo, hi, bound)):
         return None
     g = abs(delta - bound)
-    if g == 0.0:
+    if g <= 1e-12:  # on the bound: Δ and the bound are differences of means, equal up to float rounding
         return None
     h = max(delta - lo, 0.0) if bound < delta else max(hi - delta, 0.0)
     n_needed = max(math.ceil(n_tasks * (h / g) ** 2 - 1e-9), n_tasks + 1, min_tasks)

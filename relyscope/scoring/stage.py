@@ -93,6 +93,11 @@ class ScoreStage:
         self._pending_trials: set[str] = set()  # named by a posted outcome or verdict, ditto
         self._score_lock = threading.Lock()
         self._rescore_lock = threading.Lock()
+        #: set while no cycle runs: background CI refreshes start only then, in the gap between
+        #: cycles, so they do not take the core and the GIL from a cycle (2 cores: they did)
+        self._between_cycles = threading.Event()
+        self._between_cycles.set()
+        self._closed = False
         self._extras: dict[GroupKey, dict] = {}
         windows = parse_windows(settings.score_windows)
         if settings.score_window_s is not None:  # the legacy single window: primary, and scored too
@@ -194,11 +199,21 @@ class ScoreStage:
 
     def close(self) -> None:
         """Stop the background CI thread (a refresh under way is abandoned, not waited for)."""
+        self._closed = True
         if self._ci_pool is not None:
             self._ci_pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- background CI refreshes ----------------------------------------------------------------
+    def _wait_between_cycles(self) -> None:
+        """Hold a background refresh until the cycle under way ends (at most one interval plus
+        a minute, so a cycle that never ends does not stall refreshes for ever; at once on stop)."""
+        limit = time.monotonic() + self.settings.score_interval_s + 60.0
+        while not self._between_cycles.wait(0.2):
+            if self._stop.is_set() or self._closed or time.monotonic() > limit:
+                return
+
     def _ci_window_job(self, g: GroupKey, length: float | None, since: int, snap, measured: bool):
+        self._wait_between_cycles()
         t0 = time.perf_counter()
         st = snap if snap is not None else self.rollup().window_stats(g, since, length)
         s = self.settings
@@ -206,6 +221,7 @@ class ScoreStage:
         return gs, st.max_end_ns, stats_digest(st), time.perf_counter() - t0
 
     def _ci_drift_job(self, g: GroupKey, now: float, measured: bool, members):
+        self._wait_between_cycles()
         t0 = time.perf_counter()
         return self._drift(self.rollup(), g, now, measured, members), time.perf_counter() - t0
 
@@ -352,9 +368,13 @@ class ScoreStage:
         Serialized: two overlapping rescores (the scorer thread and a flush) could otherwise
         publish in the wrong order, the older snapshot of the trials overwriting the newer."""
         with self._rescore_lock:
-            if self.settings.incremental_scoring:
-                return self._rescore_incremental(all_groups)
-            return self._rescore(all_groups)
+            self._between_cycles.clear()
+            try:
+                if self.settings.incremental_scoring:
+                    return self._rescore_incremental(all_groups)
+                return self._rescore(all_groups)
+            finally:
+                self._between_cycles.set()
 
     # ---- incremental scoring from the rollups -------------------------------------------------
     def rollup(self) -> Rollup:
