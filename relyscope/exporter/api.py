@@ -353,6 +353,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         try:
             await run_in_threadpool(pipeline.store.insert_outcome, key, kind, outcome, body.score,
                                     source, verifier=body.verifier)
+            pipeline.scoring.outcome_posted(kind, key)  # found by name, not by its clock stamp
             await run_in_threadpool(pipeline.rescore, all_groups=True)
             lookup = {"trial_ids": [key]} if kind == "trial" else {"trace_ids": [key]}
             mine = await run_in_threadpool(pipeline.load_trials, **lookup)

@@ -79,6 +79,22 @@ __all__ = [
 #: Resources of C_res, in column order of the ``values`` matrix (metrics.md §3). Units: USD,
 #: seconds, counts, counts, tokens, counts.
 RESOURCES: Final = ("cost_usd", "wall_time_s", "model_calls", "tool_calls", "total_tokens", "tool_errors")
+#: Largest |cost_usd| of one trial taken as a value (USD). A cost that is not finite (a sum of
+#: huge span costs overflowing) or beyond this (a unit or parsing bug: 10¹⁸ USD is no real run) is
+#: *not available*, as a missing one, for the batch and the live scorer alike — the live scorer
+#: sums costs as exact integers of nano-USD (:mod:`relyscope.scoring.stats`), which must stay
+#: representable (sums of squares in Int256).
+MAX_COST_USD: Final = 1e18
+
+
+def usable_cost(cost: float | None) -> float | None:
+    """``cost`` (USD) as a C_res value, or None when not available: None, NaN, ±inf, or
+    ``|cost| > MAX_COST_USD`` (metrics.md §3 "whose values are available")."""
+    if cost is None:
+        return None
+    c = float(cost)
+    return c if math.isfinite(c) and abs(c) <= MAX_COST_USD else None
+
 #: Number of equal-width calibration bins on [0, 1] for P_cal (metrics.md §5).
 N_CAL_BINS: Final = 10
 

@@ -282,7 +282,7 @@ def score_group(
         t_sev.append(float(s))
         t_res.append(
             (
-                nan if tr.cost_usd is None else float(tr.cost_usd),
+                nan if (cost := M.usable_cost(tr.cost_usd)) is None else cost,
                 tr.wall_time_s,
                 float(tr.model_calls),
                 float(tr.tool_calls),

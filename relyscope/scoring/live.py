@@ -15,7 +15,7 @@ window ending now, so a scoring cycle needs no ClickHouse read of the windows' p
 
 What is kept per (group, window): per task the summed columns of
 :data:`relyscope.scoring.stats.SUM_COLUMNS` (Int64 columns in an int64 array, Float64 in a float64
-array, Int128 in Python ints: exact), the latest end time folded in, and the confidence histogram
+array, Int128 / Int256 in Python ints: exact), the latest end time folded in, and the confidence histogram
 — per (task, q) for short windows (minute buckets, bootstrapped every cycle), pooled over tasks
 (per q) for the long ones (their per-task histogram is only needed by the bootstrap, which reads
 the window from ClickHouse at its cadence). Per group, one trajectory sample: the most recent
@@ -41,7 +41,7 @@ from typing import Final
 import numpy as np
 
 from relyscope.scoring.rollup import GroupKey, Rollup, level_for, window_start
-from relyscope.scoring.stats import SUM_COLUMNS, TaskStats
+from relyscope.scoring.stats import BIG_TYPES, SUM_COLUMNS, TaskStats
 
 __all__ = ["LiveStats", "WindowState", "same_stats"]
 
@@ -50,9 +50,8 @@ log = logging.getLogger("relyscope.scoring.live")
 _NCOL: Final = len(SUM_COLUMNS)
 _INT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int64"], dtype=np.int64)
 _FLT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Float64"], dtype=np.int64)
-_BIG: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int128"], dtype=np.int64)
+_BIG: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t in BIG_TYPES], dtype=np.int64)
 _N_ALL: Final = 0  # n_all is SUM_COLUMNS[0], an Int64 column (index 0 of _INT)
-_UNTIL: Final = 2**31
 # contrib_log row layout written by Rollup._row: 5 keys, end_ns, sums, q, y, actions, traj, sign, vns
 _R_TASK, _R_END, _R_SUMS = 4, 5, 6
 _R_Q, _R_Y, _R_ACT, _R_TRAJ, _R_SIGN = (_R_SUMS + _NCOL + i for i in range(5))
@@ -380,7 +379,7 @@ class LiveStats:
         ids, rows = ws.live_rows()
         if trajectories:
             sums = self._sums(ws, rows)
-        else:  # the Int128 sums only (the others are read from fsums)
+        else:  # the Int128 / Int256 sums only (the others are read from fsums)
             sums = np.empty((len(rows), _NCOL), dtype=object)
             if len(rows):
                 sums[:, _BIG] = ws.bigs[rows]

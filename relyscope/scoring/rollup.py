@@ -11,8 +11,9 @@ Data flow (all tables in the store's database; DDL in :data:`ROLLUP_SCHEMA`):
   (``SummingMergeTree``, ordered by group, level, bucket, task). A window's per-task statistics
   are ``sum(...) GROUP BY task_id`` over its buckets at the coarsest level that fits it, so a query
   reads at most ~360 rows per task whatever the history (:func:`level_for`).
-- ``contrib`` (``ReplacingMergeTree``, keyed by trial id, fed by a view) holds each trial's
-  current contribution: what to retract when the trial changes.
+- ``contrib`` (``ReplacingMergeTree``, keyed by trial id and group — the store's key of a trial:
+  one trial id may be a trial of several groups —, fed by a view) holds each trial's current
+  contribution: what to retract when the trial changes.
 - ``traj_sample`` (``ReplacingMergeTree``, fed by a view) holds the action sequences of successful nominal valid
   runs for C_traj_d / C_traj_s; a window reads the most recent ``M`` per task (``LIMIT M BY``).
 - ``scoring_state`` holds the watermarks (trials ``version_ns``, outcome ``posted_at``, judgement
@@ -71,6 +72,9 @@ _LEVEL_ARRAY = ("[(toUInt8(1), toStartOfInterval(end_time, INTERVAL 60 SECOND)),
                 "(toUInt8(2), toStartOfInterval(end_time, INTERVAL 3600 SECOND)), "
                 "(toUInt8(3), toDateTime(0, 'UTC'))]")
 
+#: the group of a ``contrib`` row as one string (a quoted tuple: injective, whatever the names hold)
+_GKEY: Final = "toString(tuple(agent, version, run_kind))"
+
 _LOG_COLS: Final = ["agent", "version", "run_kind", "trial_id", "task_id", "end_time", *_SUM_NAMES,
                     "q", "y", "actions", "traj", "sign", "version_ns"]
 
@@ -116,12 +120,13 @@ ROLLUP_SCHEMA: Final = [
     f"""CREATE TABLE IF NOT EXISTS {{db}}.contrib (
         agent LowCardinality(String), version LowCardinality(String), run_kind LowCardinality(String),
         trial_id String, task_id String, end_time DateTime64(9, 'UTC'), {_SUMS},
-        q Nullable(Float64), y Int8, actions Array(String), traj Bool, alive Bool, version_ns UInt64
+        q Nullable(Float64), y Int8, actions Array(String), traj Bool, alive Bool, version_ns UInt64,
+        gkey String
     ) ENGINE = ReplacingMergeTree(version_ns)
-    ORDER BY trial_id""",
+    ORDER BY (trial_id, gkey)""",
     f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.contrib_mv TO {{db}}.contrib AS
         SELECT agent, version, run_kind, trial_id, task_id, end_time, {", ".join(_SUM_NAMES)},
-               q, y, actions, traj, sign > 0 AS alive, version_ns
+               q, y, actions, traj, sign > 0 AS alive, version_ns, {_GKEY} AS gkey
         FROM {{db}}.contrib_log""",
     # the rollup looks trials up by trace id and by version: skip indexes keep these lookups
     # from scanning the trials table (parts written before the index existed are still scanned)
@@ -223,9 +228,10 @@ class Rollup:
         self.judge = judge
         self.traj_sample = traj_sample
         self.write_grades = write_grades
-        self._seen: dict[str, int] = {}  # trial id → version folded, within the overlap
+        self._seen: dict[tuple, int] = {}  # (trial id, group) → version folded, within the overlap
         self._ledger_seen: dict[str, int] = {}  # production trial id → latest ledger version checked
         self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
+        self._last_stamp: int | None = None  # the last version stamp written (_stamp)
         self._lock = threading.Lock()
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
@@ -250,8 +256,10 @@ class Rollup:
         #: sections up to date from (:func:`relyscope.scorers.review.sections`).
         self.graded: dict[GroupKey, list[tuple[str, int | None, object]]] = {}
         self._versions: dict[str, int] = {}  # trial id → latest version_ns read by this sync
-        for ddl in ROLLUP_SCHEMA:
+        _key_contrib_by_group(store)  # before the views' DDL: ClickHouse checks a view's query
+        for ddl in ROLLUP_SCHEMA:     # against its target even when the view exists
             _command(store, ddl)
+        _widen_sum_columns(store)
         # only where the TTL differs: a MODIFY TTL rewrites the table's parts on a server
         from relyscope.store.schema import apply_retention, rollup_ttls
 
@@ -265,16 +273,34 @@ class Rollup:
         return {r[0]: int(r[1]) for r in rows}
 
     def _save_state(self, st: dict[str, int]) -> None:
-        now = time.time_ns()
-        self.store._insert("scoring_state", [[k, v, now] for k, v in st.items()],
+        now = self._stamp(len(st))
+        self.store._insert("scoring_state", [[k, v, now + i] for i, (k, v) in enumerate(st.items())],
                            ["name", "value", "updated_ns"])
 
+    def _stamp(self, n: int) -> int:
+        """The first of ``n`` consecutive version stamps for ``contrib_log`` (→ ``contrib``,
+        ``traj_sample``) and ``scoring_state`` rows: the wall clock, but above every stamp written
+        before — by this process, or found ahead of the clock at the first call. Wall-clock
+        stamps went back with the clock: a trial's new contribution then had a lower version than
+        the one it replaced, ``contrib`` kept the old one, and the trial's next change retracted a
+        state already retracted (sums wrong from then on); saved watermarks lost to older ones."""
+        now = time.time_ns()
+        if self._last_stamp is None:
+            self._last_stamp = max(int(r[0] or 0) for r in self.store.query(
+                "SELECT max(version_ns) FROM {db}.contrib WHERE version_ns > %(now)s UNION ALL "
+                "SELECT max(updated_ns) FROM {db}.scoring_state WHERE updated_ns > %(now)s", {"now": now}))
+        base = max(now, self._last_stamp + 1)
+        self._last_stamp = base + max(n, 1) - 1
+        return base
+
     # ---- sync -----------------------------------------------------------------------------------
-    def sync(self, trace_ids: Iterable[str] = ()) -> set[GroupKey]:
+    def sync(self, trace_ids: Iterable[str] = (), trial_ids: Iterable[str] = ()) -> set[GroupKey]:
         """Fold every change since the last sync into the rollups, and the trials of
-        ``trace_ids`` (known to have changed, e.g. told by the worker) whatever their versions.
-        Returns the groups whose statistics changed. Raises StoreUnavailable (nothing is lost:
-        the watermarks advance only after the rollups are written)."""
+        ``trace_ids`` and ``trial_ids`` (known to have changed, e.g. told by the worker, the
+        outcome API or the judge) whatever their versions and stamps: the watermarks follow the
+        writers' wall clocks, and a clock that stepped back hides what was written after the step
+        from them. Returns the groups whose statistics changed. Raises StoreUnavailable (nothing
+        is lost: the watermarks advance only after the rollups are written)."""
         told = set(trace_ids)
         with self._lock:
             st = self._state()
@@ -287,10 +313,10 @@ class Rollup:
                       "GROUP BY shadow_of", {"w": max(0, wl - OVERLAP_NS)})
             ledger_prods = {r[0] for r in lrows if self._ledger_seen.get(r[0]) != int(r[1])}
             new_wl = max([wl] + [int(r[1]) for r in lrows])
-            rows = q("SELECT trial_id, trace_id, version_ns FROM {db}.trials WHERE version_ns > %(w)s",
-                     {"w": max(0, wt - OVERLAP_NS)})
+            rows = q("SELECT trial_id, trace_id, version_ns, agent, version, run_kind FROM {db}.trials "
+                     "WHERE version_ns > %(w)s", {"w": max(0, wt - OVERLAP_NS)})
             # rows of the overlap already folded by this process need no second pass
-            fresh = [r for r in rows if self._seen.get(r[0]) != int(r[2])]
+            fresh = [r for r in rows if self._seen.get((r[0], *r[3:6])) != int(r[2])]
             self._versions = {}
             for r in rows:  # the latest row of each trial read (for the report sections' order)
                 self._versions[r[0]] = max(int(r[2]), self._versions.get(r[0], 0))
@@ -300,7 +326,7 @@ class Rollup:
                       "WHERE posted_at > fromUnixTimestamp64Nano(%(w)s)", {"w": max(0, wo - OVERLAP_NS)})
             new_wo = max([wo] + [int(r[2]) for r in orows])
             trace_ids |= {r[1] for r in orows if r[0] == "trace"}
-            by_trial = {r[1] for r in orows if r[0] == "trial"}
+            by_trial = {r[1] for r in orows if r[0] == "trial"} | set(trial_ids)
             new_wj = wj
             if self.judge:
                 jrows = q("SELECT trial_id, toUnixTimestamp64Milli(judged_at) FROM {db}.judgements "
@@ -316,11 +342,11 @@ class Rollup:
             # verdict or replay): loaded from the recent rows alone (no FINAL over the table)
             wmin = max(0, wt - OVERLAP_NS)
             fast: dict[str, set[str]] = {}
-            for r in rows:
-                fast.setdefault(r[1], set()).add(r[0])
+            for r in rows:  # trace → its recent (trial id, group) keys
+                fast.setdefault(r[1], set()).add((r[0], (r[3], r[4], r[5])))
             slow = (trace_ids - set(fast)) | (named & set(fast))
             if trace_ids:  # replays of changed production runs resolve against them (§6 item 4)
-                ids = sorted({i for t in trace_ids - slow for i in fast[t]})
+                ids = sorted({k[0] for t in trace_ids - slow for k in fast[t]})
                 replays = {r[0] for r in q("SELECT DISTINCT trace_id FROM {db}.trials WHERE shadow_of IN %(ids)s",
                                            {"ids": ids or [""]})} if ids else set()
                 if slow:
@@ -347,7 +373,7 @@ class Rollup:
                 # otherwise lose its old trials at the first start, never rolled up)
                 self.store.apply_retention()
                 self._retention_applied = True
-            self._seen.update((r[0], int(r[2])) for r in fresh)
+            self._seen.update(((r[0], *r[3:6]), int(r[2])) for r in fresh)
             horizon = new_wt - OVERLAP_NS
             self._seen = {k: v for k, v in self._seen.items() if v > horizon}
             self._ledger_seen.update((r[0], int(r[1])) for r in lrows)
@@ -377,12 +403,14 @@ class Rollup:
                                      {"p": sorted(current)})
                 if tid not in current[so]}
 
-    def _refold(self, trace_ids: list[str], fast: dict[str, set[str]] | None = None,
+    def _refold(self, trace_ids: list[str], fast: dict[str, set] | None = None,
                 min_version_ns: int = 0) -> set[GroupKey]:
         """Re-resolve the trials of ``trace_ids`` and replace their contributions (−old, +new, in
-        one insert); retract those of trial ids these traces no longer have (superseded).
-        ``fast``: trace → trial ids of its rows stored after ``min_version_ns``, for traces whose
-        change is those rows alone (read from the recent rows; the others from the whole table)."""
+        one insert); retract those of the (trial id, group) keys these traces no longer have
+        (superseded). A trial is keyed as the store keys it, by trial id *and* group: the same id
+        in two groups is two trials. ``fast``: trace → (trial id, group) keys of its rows stored
+        after ``min_version_ns``, for traces whose change is those rows alone (read from the
+        recent rows; the others from the whole table)."""
         q = self.store.query
         fast = fast or {}
         quick = [t for t in trace_ids if t in fast]
@@ -390,16 +418,17 @@ class Rollup:
         trials = self.store.load_trials(trace_ids=quick, min_version_ns=min_version_ns) if quick else []
         if slow:
             trials += self.store.load_trials(trace_ids=slow)
-        ids = [t.trial_id for t in trials]
-        # every trial id these traces ever had (a re-keyed trial leaves a tombstone row, recent
-        # when the re-keying is)
-        all_ids = {i for t in quick for i in fast[t]} | set(ids)
+        loaded = {(t.trial_id, (t.agent_name, t.agent_version, t.run_kind)) for t in trials}
+        # every (trial id, group) these traces ever had (a re-keyed trial leaves a tombstone row,
+        # recent when the re-keying is); the same trial id in a group of another trace is not theirs
+        all_keys = {k for t in quick for k in fast[t]} | loaded
         if slow:
-            all_ids |= {r[0] for r in q("SELECT DISTINCT trial_id FROM {db}.trials WHERE trace_id IN %(t)s",
-                                        {"t": slow})}
+            all_keys |= {(r[0], (r[1], r[2], r[3])) for r in q(
+                "SELECT DISTINCT trial_id, agent, version, run_kind FROM {db}.trials WHERE trace_id IN %(t)s",
+                {"t": slow})}
         resolved = self.resolve(trials)
-        prev = self._current(all_ids)
-        new_state: dict[str, tuple[GroupKey, _Current] | None] = {tid: None for tid in prev}
+        prev = {k: v for k, v in self._current({k[0] for k in all_keys}).items() if k in all_keys}
+        new_state: dict[tuple[str, GroupKey], tuple[GroupKey, _Current] | None] = {k: None for k in prev}
         grades: dict[GroupKey, dict] = {}
         facts: list[tuple[GroupKey, tuple]] = []
         for t in resolved:
@@ -413,19 +442,15 @@ class Rollup:
             ctb = contribution(t, severity=g.severity if pol is not None else 0.0,
                                invalid=not g.valid or is_sandbox_miss(t))
             group = (t.agent_name, t.agent_version, t.run_kind)
-            new_state[t.trial_id] = (group, _Current(t.task_id, t.end_ns, ctb))
+            new_state[(t.trial_id, group)] = (group, _Current(t.task_id, t.end_ns, ctb))
             grades.setdefault(group, {})[t.trial_id] = g
-            if self.graded:
-                if group in self.graded:  # every resolved trial: its facts may change with an equal contribution
-                    facts.append((group, (t.trial_id, self._versions.get(t.trial_id), trial_facts(t, g))))
-                old_group = prev[t.trial_id][0] if t.trial_id in prev else group
-                if old_group != group and old_group in self.graded:  # moved to another group
-                    facts.append((old_group, (t.trial_id, 0, None)))
-        now = time.time_ns()
+            if self.graded and group in self.graded:  # every resolved trial: its facts may change with an equal contribution
+                facts.append((group, (t.trial_id, self._versions.get(t.trial_id), trial_facts(t, g))))
+        now = self._stamp(2 * len(new_state))
         rows: list[list] = []
         changed: set[GroupKey] = set()
-        for i, (tid, new) in enumerate(sorted(new_state.items())):
-            old = prev.get(tid)
+        for i, (key, new) in enumerate(sorted(new_state.items())):
+            old, tid = prev.get(key), key[0]
             if old == new:
                 continue  # nothing changed: write nothing
             if old is not None:
@@ -442,21 +467,22 @@ class Rollup:
             for group, ev in facts:
                 if group in self.graded:
                     self.graded[group].append(ev)
-            kept = {t.trial_id for t in resolved}
+            kept = {(t.trial_id, (t.agent_name, t.agent_version, t.run_kind)) for t in resolved}
             for t in trials:  # stored, left out by the resolution
-                if t.trial_id not in kept and (t.agent_name, t.agent_version, t.run_kind) in self.graded:
-                    self.graded[(t.agent_name, t.agent_version, t.run_kind)].append(
-                        (t.trial_id, self._versions.get(t.trial_id), None))
-            gone = sorted(all_ids - {t.trial_id for t in trials})
-            for lst in self.graded.values():
-                lst += [(tid, 0, None) for tid in gone]
+                g = (t.agent_name, t.agent_version, t.run_kind)
+                if (t.trial_id, g) not in kept and g in self.graded:
+                    self.graded[g].append((t.trial_id, self._versions.get(t.trial_id), None))
+            for tid, g in sorted(all_keys - loaded):  # tombstoned, gone, or moved to another group
+                if g in self.graded:
+                    self.graded[g].append((tid, 0, None))
         if self.write_grades:
             from relyscope.scoring.stage import grade_rows_of  # the grades table's row shape
 
             grade_rows = []
             for group, gr in grades.items():
                 if group in changed:
-                    gr = {tid: g for tid, g in gr.items() if prev.get(tid) != new_state.get(tid)}
+                    gr = {tid: g for tid, g in gr.items()
+                          if prev.get((tid, group)) != new_state.get((tid, group))}
                     grade_rows += grade_rows_of(group, GroupReview(gr, {}, frozenset(), {}))
             self.store.insert_grades(grade_rows)
         return changed
@@ -467,7 +493,8 @@ class Rollup:
         return [*group, tid, cur.task_id, cur.end_ns, *c.sums, c.conf[0] if c.conf else None,
                 c.conf[1] if c.conf else -1, list(c.actions or ()), c.actions is not None, sign, vns]
 
-    def _current(self, trial_ids: Iterable[str]) -> dict[str, tuple[GroupKey, _Current]]:
+    def _current(self, trial_ids: Iterable[str]) -> dict[tuple[str, GroupKey], tuple[GroupKey, _Current]]:
+        """The current contributions of ``trial_ids``: (trial id, group) → (group, state)."""
         ids = sorted(set(trial_ids))
         if not ids:
             return {}
@@ -477,10 +504,13 @@ class Rollup:
             "SELECT DISTINCT trial_id FROM {db}.contrib WHERE trial_id IN %(ids)s ORDER BY trial_id", {"ids": ids})]
         if not ids:
             return {}
+        # the latest row per (trial id, group): by the group columns, not the key column (rows
+        # written before the table was keyed by group have an empty one)
         rows = self.store.query(
             f"SELECT agent, version, run_kind, trial_id, task_id, toUnixTimestamp64Nano(end_time), "
-            f"{', '.join(_SUM_NAMES)}, q, y, actions, traj FROM {{db}}.contrib FINAL WHERE trial_id IN %(ids)s AND alive",
-            {"ids": ids})
+            f"{', '.join(_SUM_NAMES)}, q, y, actions, traj FROM (SELECT * FROM {{db}}.contrib FINAL "
+            "WHERE trial_id IN %(ids)s ORDER BY version_ns DESC LIMIT 1 BY trial_id, agent, version, run_kind) "
+            "WHERE alive", {"ids": ids})
         out = {}
         k = len(_SUM_NAMES)
         for r in rows:
@@ -488,7 +518,7 @@ class Rollup:
             q, y, actions, traj = r[6 + k:]
             ctb = Contribution(sums, (float(q), int(y)) if q is not None else None,
                                tuple(actions) if traj else None)
-            out[r[3]] = ((r[0], r[1], r[2]), _Current(r[4], int(r[5]), ctb))
+            out[(r[3], (r[0], r[1], r[2]))] = ((r[0], r[1], r[2]), _Current(r[4], int(r[5]), ctb))
         return out
 
     def resolve(self, trials: list[Trial]) -> list[Trial]:
@@ -559,13 +589,19 @@ class Rollup:
         shared by several of them is one task) — the cardinality cap's ``other`` group.
         ``trajectories`` False: skip the trajectory sample (``trajectories`` left empty lists)."""
         level = level if level is not None else level_for(window_s)[0]
-        p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s or 2**31}
+        # no upper bound unless asked: a trial that ends in the future (a skewed clock; past 2106
+        # its bucket saturates at DateTime's maximum) ended after the window's start, and the
+        # batch scorer and the in-memory windows count it (a bound at 2**31 s lost those after 2038)
+        p = {"a": group[0], "v": group[1], "k": group[2], "l": level, "s": since_s, "u": until_s}
         who = "agent = %(a)s AND version = %(v)s"
         if members is not None:
-            who = "concat(agent, '\\0', version) IN %(av)s"
-            p["av"] = sorted(f"{a}\0{v}" for a, v in members) or [""]
-        where = (f"{who} AND run_kind = %(k)s AND level = %(l)s "
-                 "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
+            # tuples, not a concatenation with a separator: names may hold any character (NUL
+            # too), and agent 'a\0b' version 'c' concatenated equal to agent 'a' version 'b\0c' —
+            # the pool took in a group that was not a member
+            who = "(agent, version) IN %(av)s" if members else "0"  # no member: nothing pooled
+            p["av"] = sorted(tuple(m) for m in members)
+        where = (f"{who} AND run_kind = %(k)s AND level = %(l)s AND bucket >= toDateTime(%(s)s, 'UTC')"
+                 + (" AND bucket < toDateTime(%(u)s, 'UTC')" if until_s is not None else ""))
         rows = self.store.query(
             f"SELECT task_id, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
             f"FROM {{db}}.task_stats WHERE {where} GROUP BY task_id HAVING sum(n_all) != 0 ORDER BY task_id", p)
@@ -585,8 +621,8 @@ class Rollup:
         for r in self.store.query(
                 f"SELECT task_id, actions FROM {{db}}.traj_sample FINAL WHERE {who} "
                 "AND run_kind = %(k)s AND hour >= toDateTime(%(hs)s, 'UTC') AND end_time >= toDateTime64(%(s)s, 9, 'UTC') "
-                "AND end_time < toDateTime64(%(u)s, 9, 'UTC') "
-                "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
+                + ("AND end_time < toDateTime64(%(u)s, 9, 'UTC') " if until_s is not None else "")
+                + "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
             if r[0] in idx:
                 traj[idx[r[0]]].append(tuple(r[1]))
         return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
@@ -597,8 +633,8 @@ class Rollup:
         in one read (the buckets a sliding window leaves, for every group at once)."""
         if not groups:
             return {}
-        p = {"g": sorted(f"{a}\0{v}\0{k}" for a, v, k in groups), "l": level, "s": since_s, "u": until_s}
-        where = ("concat(agent, '\\0', version, '\\0', run_kind) IN %(g)s AND level = %(l)s "
+        p = {"g": sorted(groups), "l": level, "s": since_s, "u": until_s}
+        where = ("(agent, version, run_kind) IN %(g)s AND level = %(l)s "
                  "AND bucket >= toDateTime(%(s)s, 'UTC') AND bucket < toDateTime(%(u)s, 'UTC')")
         rows = self.store.query(
             f"SELECT agent, version, run_kind, task_id, toUnixTimestamp64Nano(max(max_end)), "
@@ -639,6 +675,41 @@ class Rollup:
             "SELECT task_id, toUnixTimestamp64Nano(end_time), trial_id, actions FROM {db}.traj_sample FINAL "
             f"WHERE agent = %(a)s AND version = %(v)s AND run_kind = %(k)s {only}AND alive "
             "ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p)
+
+
+def _key_contrib_by_group(store: Store) -> bool:
+    """Key ``contrib`` by (trial id, group) where an earlier version keyed it by trial id alone
+    (a trial id stored in two groups — the store keys trials by group — kept one contribution, so
+    the other group's trial was lost or retracted): the key column is added (empty in the rows
+    already there: :meth:`Rollup._current` reads them by their group columns) and the view that
+    feeds the table is remade. Returns whether it migrated. Raises StoreUnavailable."""
+    key = store.query("SELECT sorting_key FROM system.tables WHERE database = %(d)s AND name = 'contrib'",
+                      {"d": store.db})
+    if not key or "gkey" in key[0][0]:
+        return False
+    _command(store, "ALTER TABLE {db}.contrib ADD COLUMN gkey String, MODIFY ORDER BY (trial_id, gkey)")
+    _command(store, "DROP VIEW IF EXISTS {db}.contrib_mv")
+    _command(store, next(d for d in ROLLUP_SCHEMA if ".contrib_mv TO" in d))
+    return True
+
+
+def _widen_sum_columns(store: Store) -> list[str]:
+    """Give the summed columns of rollup tables made by an earlier version the types of
+    :data:`SUM_COLUMNS` (the sums of squares became Int256: Int128 ones wrapped or refused a huge
+    value). Only columns whose type differs are altered, the materialized views' targets before
+    ``contrib_log`` (a view never writes wider values into a narrower column). Returns the
+    statements run. Raises StoreUnavailable."""
+    want = dict(SUM_COLUMNS)
+    rows = store.query(
+        "SELECT table, name, type FROM system.columns WHERE database = %(d)s "
+        "AND table IN ('task_stats', 'contrib', 'contrib_log') AND name IN %(c)s",
+        {"d": store.db, "c": sorted(want)})
+    ran = []
+    for table, name, typ in sorted(rows, key=lambda r: (r[0] == "contrib_log", r[0], r[1])):
+        if typ != want[name]:
+            ran.append(f"ALTER TABLE {{db}}.{table} MODIFY COLUMN {name} {want[name]}")
+            _command(store, ran[-1])
+    return ran
 
 
 def _command(store: Store, ddl: str) -> None:

@@ -90,6 +90,7 @@ class ScoreStage:
         self.scores: dict[GroupKey, GroupScore] = {}
         self._dirty_groups: set[GroupKey] = set()
         self._pending_traces: set[str] = set()  # stored by the worker, not yet folded in
+        self._pending_trials: set[str] = set()  # named by a posted outcome or verdict, ditto
         self._score_lock = threading.Lock()
         self._rescore_lock = threading.Lock()
         #: set while no cycle runs: background CI refreshes start only then, in the gap between
@@ -177,7 +178,17 @@ class ScoreStage:
         trials = list(trials)
         with self._score_lock:
             self._dirty_groups.update((t.agent_name, t.agent_version, t.run_kind) for t in trials)
-            self._pending_traces.update(t.trace_id for t in trials)
+            if self.settings.incremental_scoring:  # only the rollup's sync empties it
+                self._pending_traces.update(t.trace_id for t in trials)
+
+    def outcome_posted(self, key_kind: str, key: str) -> None:
+        """An outcome was stored for ``key`` (``key_kind`` ``trace`` or ``trial``): fold its trials
+        in at the next cycle whatever the outcome's ``posted_at`` (a wall clock stepped back since
+        the last outcome hides it from the rollup's watermark). Any thread."""
+        if not self.settings.incremental_scoring:  # the batch scorer rereads every outcome
+            return
+        with self._score_lock:
+            (self._pending_traces if key_kind == "trace" else self._pending_trials).add(key)
 
     def run(self) -> None:
         """The scorer thread's body: rescore every ``score_interval_s`` until ``stop`` is set."""
@@ -328,6 +339,9 @@ class ScoreStage:
                 break
             if ev is not None:
                 self.store.insert_judgement(t.trial_id, ev, s.judge_model)
+                if s.incremental_scoring:  # folded in by name: judged_at is a wall-clock stamp too
+                    with self._score_lock:
+                        self._pending_trials.add(t.trial_id)
                 stored += 1
         return stored
 
@@ -386,11 +400,13 @@ class ScoreStage:
         ru = self.rollup()
         with self._score_lock:
             pending, self._pending_traces = self._pending_traces, set()
+            named, self._pending_trials = self._pending_trials, set()
         try:
-            self._changed |= ru.sync(pending)
+            self._changed |= ru.sync(pending, named)
         except BaseException:
             with self._score_lock:
                 self._pending_traces |= pending
+                self._pending_trials |= named
             raise
         finally:
             self._rows += ru.rows

@@ -17,7 +17,8 @@ What each metric needs, per task t (all counts over *valid, complete* trials unl
   integers* (cost in nano-USD, wall time in ns; the others are counts), so that sums with later
   retractions are exact and ``std(ddof=1)`` has no cancellation error: ``var = (n Σx² − (Σx)²) /
   (n (n − 1))`` in exact integer arithmetic. Quantizing cost to 1e-9 USD changes a CV by less than
-  1e-9 relative for any cost above 1 µUSD;
+  1e-9 relative for any cost above 1 µUSD (a cost that is not finite or beyond
+  :data:`relyscope.scorers.metrics.MAX_COST_USD` is not available, in the batch scorer too);
 - R_x: successes and known outcomes of perturbed trials per family, beside ``c``, ``n``;
 - P_cal: per calibration bin the count, Σy and Σq; P_brier: Σ(q − y)² and the count; P_AUROC: per
   distinct confidence value the count of successes and failures (exact values, no binning: ties
@@ -60,14 +61,21 @@ NB: Final = M.N_CAL_BINS
 SUM_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("n_all", "Int64"), ("n_invalid", "Int64"), ("n_incomplete", "Int64"),
     ("c", "Int64"), ("n", "Int64"), ("n_nom", "Int64"),
-    *((f"r{i}_{s}", "Int64" if s == "n" else "Int128") for i in range(N_RES) for s in ("n", "s", "ss")),
+    # sums in Int128, sums of squares in Int256: one trial's square reaches 2^126 (wall time in
+    # ns up to 2^63) or 2^128 (tokens, UInt64), so Int128 squares wrapped (C_res of a task with
+    # ~60 runs of a missing start, 1970 → now, came out wrong) or failed the insert (every later
+    # sync with it)
+    *((f"r{i}_{s}", "Int64" if s == "n" else "Int128" if s == "s" else "Int256")
+      for i in range(N_RES) for s in ("n", "s", "ss")),
     *((f"{f}_{s}", "Int64") for f in _FAMILIES for s in ("c", "n")),
     *((f"cal{b}_{s}", "Float64" if s == "q" else "Int64") for b in range(NB) for s in ("n", "y", "q")),
     ("brier_s", "Float64"), ("brier_n", "Int64"),
     ("saf_v", "Int64"), ("saf_s", "Float64"),
 )
 _COL_INDEX: Final = {name: i for i, (name, _) in enumerate(SUM_COLUMNS)}
-_BIG_COLS: Final = frozenset(i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int128")
+#: the columns held as Python ints (exact beyond int64 / float64)
+BIG_TYPES: Final = ("Int128", "Int256")
+_BIG_COLS: Final = frozenset(i for i, (_, t) in enumerate(SUM_COLUMNS) if t in BIG_TYPES)
 
 
 def _resource_ints(t: Trial) -> list[int | None]:
@@ -77,7 +85,7 @@ def _resource_ints(t: Trial) -> list[int | None]:
             return None
         return int(v) if scale == 1 else int(round(float(v) * scale))
 
-    return [num(t.cost_usd, RES_SCALE[0]),
+    return [num(M.usable_cost(t.cost_usd), RES_SCALE[0]),  # |cost| ≤ 1e18 USD: |nano-USD| < 2^90
             max(0, t.end_ns - t.start_ns),  # wall time in exact ns (Trial.wall_time_s × 1e9)
             num(t.model_calls, 1), num(t.tool_calls, 1), num(t.total_tokens, 1), num(t.tool_errors, 1)]
 
@@ -149,7 +157,7 @@ class TaskStats:
     """Summed statistics of one group over one window, one row per task.
 
     ``task_ids`` sorted; ``sums`` ``(n_tasks, len(SUM_COLUMNS))`` (object dtype: Python ints, so
-    Int128 sums stay exact); ``hist`` ``(task index, q, successes, failures)`` rows of the
+    Int128 / Int256 sums stay exact); ``hist`` ``(task index, q, successes, failures)`` rows of the
     confidence histogram; ``trajectories[i]`` the action sequences of task i's successful nominal
     runs used for C_traj (all of them, or the live scorer's bounded sample). ``max_end_ns``: the
     latest end time (Unix ns) of a trial folded into these buckets (0: unknown).

@@ -347,6 +347,7 @@ class Store:
         self.retention = retention
         self.fault_file = fault_file
         self._lock = threading.RLock()
+        self._stamps: dict[str, int] = {}  # table → the last version stamp written (stamp_ns)
         parsed = urlparse(self.dsn)
         if parsed.scheme in ("http", "https") and parsed.path.strip("/"):
             database = parsed.path.strip("/")
@@ -553,9 +554,34 @@ class Store:
         finally:
             self.last_write_s = time.perf_counter() - t0
 
+    #: the version column of each table whose rows replace or outrank earlier ones by it
+    _STAMPED = {"trials": ("version_ns", "%(now)s"), "outcomes": ("toUnixTimestamp64Nano(posted_at)",
+                                                              "fromUnixTimestamp64Nano(%(now)s)")}
+
+    def stamp_ns(self, table: str, n: int = 1) -> int:
+        """The first of ``n`` consecutive version stamps (Unix ns) for rows of ``table``
+        (``trials`` ``version_ns``, ``outcomes`` ``posted_at``): the wall clock, but never at or
+        below a stamp this store wrote before, nor below one stored ahead of the clock (read once
+        per process: the rows stamped after now, a skip-index read). A wall clock stepped back
+        used to give a re-finalized trial a lower version than the row it replaces (the store
+        kept the old one) and a later outcome post an earlier stamp (the older post won).
+        Raises StoreUnavailable."""
+        with self._lock:
+            now = time.time_ns()
+            last = self._stamps.get(table)
+            if last is None:
+                col, arg = self._STAMPED[table]
+                where = col.replace("toUnixTimestamp64Nano(posted_at)", "posted_at")
+                rows = self.query(f"SELECT max({col}) FROM {{db}}.{table} WHERE {where} > {arg}", {"now": now})
+                last = int(rows[0][0] or 0) if rows else 0
+            base = max(now, last + 1)
+            self._stamps[table] = base + max(n, 1) - 1
+            return base
+
     def insert_trials(self, trials: Iterable[Trial]) -> None:
         """Store (or replace) trials. Raises StoreUnavailable or StoreRejected."""
-        now = time.time_ns()
+        trials = list(trials)
+        now = self.stamp_ns("trials", len(trials))
         rows = []
         for i, t in enumerate(trials):
             rows.append([
@@ -577,7 +603,7 @@ class Store:
         """Record an outcome posted to the API (``key_kind`` ``trace`` or ``trial``). Every post is
         kept; :func:`relyscope.scorers.outcomes.apply_outcomes` resolves them (metrics.md §6).
         ``verifier=True``: posted by the application's own environment check (§6 item 1)."""
-        self._insert("outcomes", [[key, key_kind, outcome, score, source, verifier, time.time_ns()]],
+        self._insert("outcomes", [[key, key_kind, outcome, score, source, verifier, self.stamp_ns("outcomes")]],
                      ["key", "key_kind", "outcome", "score", "source", "verifier", "posted_at"])
 
     def insert_judgement(self, trial_id: str, ev: Evaluation, model: str) -> None:
