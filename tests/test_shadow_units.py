@@ -61,9 +61,11 @@ def test_side_effects_recorded_never_live_even_if_allowed():
     s = session(live_tools=["*"])
     a = s.answer({"name": "issue_refund", "arguments": {"id": 1, "amount": 30}, "side_effect": "irreversible"})
     assert a.envelope["outcome"] == "result" and a.envelope["recorded"] is True
-    # a side-effecting tool production never called: a miss, not live, although live_tools = *
+    # a side-effecting tool production never called: not live although live_tools = *;
+    # acknowledged with null, recorded, never executed (graded by side-effect equivalence)
     b = s.answer({"name": "delete_account", "arguments": {}, "side_effect": "write"})
-    assert b.envelope["outcome"] == "sandbox_miss"
+    assert b.envelope["outcome"] == "result" and b.envelope["match"] == "unrecorded"
+    assert b.envelope["result"] is None and b.envelope["recorded"] is True
     # a tool nobody declares is treated as side-effecting unless listed live
     c = SandboxSession("r2", [], live_tools=[]).answer({"name": "mystery", "arguments": {}})
     assert c.envelope["outcome"] == "sandbox_miss"
@@ -73,8 +75,10 @@ def test_side_effects_recorded_never_live_even_if_allowed():
     # the policy's side_effects table wins over a call that says "read"
     e = SandboxSession("r4", [], live_tools=["*"], policy_side_effects={"wire_*": "irreversible"}).answer(
         {"name": "wire_money", "arguments": {}, "side_effect": "read"})
-    assert e.envelope["outcome"] == "sandbox_miss"
+    assert e.envelope["outcome"] == "result" and e.envelope["match"] == "unrecorded"
     assert [c["name"] for c in s.summary()["side_effect_calls"]] == ["issue_refund", "delete_account"]
+    assert s.summary()["misses"] == 0 and s.summary()["unrecorded_side_effects"] == 1
+    assert not any(c["executed"] for c in s.calls)
 
 
 def test_fault_family_uses_injector_and_timeout_really_waits():
@@ -308,8 +312,14 @@ def test_retry_of_a_position_matched_call_keeps_its_answer():
     retry = s.answer({"name": "issue_refund", "arguments": {"id": 1, "amount": 15}})
     assert first.envelope["match"] == retry.envelope["match"] == "position"
     assert retry.envelope["outcome"] == "result" and s.summary()["misses"] == 0
-    # a different second call is still the tool's next distinct call: no recording left
-    assert s.answer({"name": "issue_refund", "arguments": {"id": 2, "amount": 9}}).envelope["outcome"] == "sandbox_miss"
+    # a different second call is still the tool's next distinct call: no recording left, and the
+    # recording shows issue_refund irreversible, so it is acknowledged (null), not a miss
+    extra = s.answer({"name": "issue_refund", "arguments": {"id": 2, "amount": 9}})
+    assert extra.envelope["match"] == "unrecorded" and extra.envelope["result"] is None
+    # a read with no recording left stays a miss: never approximated
+    assert s.answer({"name": "get_order", "arguments": {"id": 9}}).envelope["outcome"] == "result"  # position 1
+    assert s.answer({"name": "get_order", "arguments": {"id": 8}}).envelope["outcome"] == "result"  # position 2
+    assert s.answer({"name": "get_order", "arguments": {"id": 7}}).envelope["outcome"] == "sandbox_miss"
 
 
 def test_a_crashed_replay_is_a_failure_and_equivalence_outranks_the_replays_own_verifier():
