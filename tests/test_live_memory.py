@@ -54,6 +54,15 @@ def check(store: Store, lives: list[LiveStats], now: float) -> None:
                 since = window_start(now, length)
                 mine, ref = live.stats(g, name), live.rollup.window_stats(g, since, length)
                 assert same_stats(mine, ref, pooled=live.window(g, name).pooled), (live.m, g, name)
+                # the pooled twin point estimates read equals the per-task histogram summed over tasks
+                pooled: dict = {}
+                for _, q, p, n in mine.hist:
+                    acc = pooled.setdefault(q, [0, 0])
+                    acc[0] += p
+                    acc[1] += n
+                want = sorted((q, p, n) for q, (p, n) in pooled.items() if p or n)
+                if not live.window(g, name).pooled:
+                    assert live.stats(g, name, trajectories=False, points_only=True).pooled_hist == want, (g, name)
     full = lives[-1]
     for g in GROUPS:
         for name, length in WINDOWS:

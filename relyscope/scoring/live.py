@@ -79,6 +79,9 @@ class WindowState:
     flts: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_FLT)), np.float64))
     bigs: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_BIG)), object))
     hist: dict = field(default_factory=dict)  # (task, q) → [pos, neg], or q → [pos, neg] if pooled
+    #: not pooled: the same histogram pooled over tasks (q → [pos, neg]), kept beside ``hist`` so
+    #: point estimates need not walk every (task, q) entry (P_AUROC pools over tasks)
+    phist: dict = field(default_factory=dict)
     max_end_ns: int = 0
     version: int = 0  # bumped on every change (the stage rescores a window whose version moved)
     #: per row: the task's C_res (:func:`relyscope.scoring.stats.c_res_per_task`) and whether it
@@ -140,6 +143,14 @@ class WindowState:
         h[1] += neg
         if not h[0] and not h[1]:
             del self.hist[key]
+        if not self.pooled:
+            h = self.phist.get(q)
+            if h is None:
+                h = self.phist[q] = [0, 0]
+            h[0] += pos
+            h[1] += neg
+            if not h[0] and not h[1]:
+                del self.phist[q]
 
     def traj_changed(self, task: str) -> None:
         """The task's trajectory sample changed: its C_traj values here are recomputed on read."""
@@ -360,7 +371,8 @@ class LiveStats:
         """The window if that group is loaded and has it, else None."""
         return self._win.get(group, {}).get(name)
 
-    def stats(self, group: GroupKey, name: str, *, trajectories: bool = True) -> TaskStats:
+    def stats(self, group: GroupKey, name: str, *, trajectories: bool = True,
+              points_only: bool = False) -> TaskStats:
         """The window's statistics as :meth:`Rollup.window_stats` returns them (same task order,
         sums as Python ints / floats, trajectories most recent first). A long window's histogram
         is pooled: ``hist`` is empty and ``pooled_hist`` holds (q, successes, failures) — enough
@@ -372,7 +384,10 @@ class LiveStats:
         ``trajectories`` False
         leaves the sample's action lists out (``trajectories`` empty; what scoring reads of
         them is in ``traj_values`` / ``traj_sizes``): cost O(tasks) array copies plus the changed
-        tasks' work, not O(tasks × M)."""
+        tasks' work, not O(tasks × M). ``points_only``: for point estimates only — the histogram
+        comes pooled (``pooled_hist``) for every window, from the pooled twin kept beside the
+        per-task one (every histogram entry comes from a valid, complete, nominal trial with an
+        outcome, so the per-task histogram restricted to the usable tasks is all of it)."""
         from relyscope.scoring.stats import c_res_per_task
 
         ws = self._win[group][name]
@@ -420,8 +435,8 @@ class LiveStats:
                  if trajectories else [])
         extra = dict(max_end_ns=ws.max_end_ns, traj_values=(d, sv), traj_sizes=sizes,
                      c_res=ws.cres[rows] if len(rows) else np.zeros(0), fsums=fsums)
-        if ws.pooled:
-            pooled = sorted((q, p, n) for q, (p, n) in ws.hist.items() if p or n)
+        if ws.pooled or points_only:
+            pooled = sorted((q, p, n) for q, (p, n) in (ws.hist if ws.pooled else ws.phist).items() if p or n)
             return TaskStats(ids, sums, [], lists, pooled_hist=pooled, **extra)
         hist = sorted((idx[t], q, p, n) for (t, q), (p, n) in ws.hist.items() if t in idx and (p or n))
         return TaskStats(ids, sums, hist, lists, **extra)

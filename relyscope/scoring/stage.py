@@ -593,7 +593,9 @@ class ScoreStage:
                     live.check(g, name, now, fresh=st)
                     self._checked_at[key] = now
             else:
-                st = live.stats(g, name, trajectories=full)  # a CI from memory digests the sample
+                # a CI from memory digests the sample; point estimates need neither it nor the
+                # per-task histogram
+                st = live.stats(g, name, trajectories=full, points_only=not full)
             if full or members is not None:
                 gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
                 self._ci_at[key] = now
