@@ -202,10 +202,14 @@ def main() -> None:
         if args.real_interval:
             time.sleep(max(0.0, started + c * args.real_interval - time.perf_counter()))
         clock.offset += args.interval
-        new = [make_trial(rng, base + c * args.new + i, task=f"task{rng.randrange(args.tasks)}",
+        # the seeded history's layout (task k belongs to group k mod groups, 1 000 tasks per
+        # group at the defaults): new traffic from the same distribution, so the windows converge
+        # to the history's task sets instead of growing to every task in every group
+        picks = [rng.randrange(args.tasks) for _ in range(args.new)]
+        new = [make_trial(rng, base + c * args.new + i, task=f"task{k}",
                           end_ns=int(clock.time() * 1e9) - rng.randrange(0, 60 * 10**9),
-                          agent=f"agent{rng.randrange(args.groups)}", version="1", run_kind="production")
-               for i in range(args.new)]
+                          agent=f"agent{k % args.groups}", version="1", run_kind="production")
+               for i, k in enumerate(picks)]
         store.insert_trials(new)
         t0 = time.perf_counter()
         stage.rescore()  # one cycle as the sidecar's loop runs it: sync, then score
