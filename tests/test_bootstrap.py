@@ -129,3 +129,26 @@ def test_bad_input() -> None:
         B.bootstrap_ratio([1, 2], [2, 2], n_boot=10, strata=["x"])
     with pytest.raises(ValueError):
         B.replicate_sums(np.array([[np.nan]]), n_boot=5)
+
+
+def test_yielding_pauses_before_each_chunk_in_this_thread_only() -> None:
+    """``yielding(pause)`` calls ``pause`` once before each chunk of replicates, in the calling
+    thread only, and changes no replicate. 1 000 tasks: a chunk holds 1 000 000 // 1 000 = 1 000
+    replicates, so B = 2 500 is 3 chunks (1 000, 1 000, 500)."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    cols = rng.random((1000, 3))
+    plain = B.replicate_sums(cols, n_boot=2500, seed=3)
+    calls: list[str] = []
+    with B.yielding(lambda: calls.append(threading.current_thread().name)):
+        paused = B.replicate_sums(cols, n_boot=2500, seed=3)
+        other: list[np.ndarray] = []
+        t = threading.Thread(target=lambda: other.append(B.replicate_sums(cols, n_boot=2500, seed=3)), name="other")
+        t.start()
+        t.join()
+    assert calls == [threading.current_thread().name] * 3
+    np.testing.assert_array_equal(paused, plain)
+    np.testing.assert_array_equal(other[0], plain)
+    B.replicate_sums(cols, n_boot=2500, seed=3)  # the block ended: no more calls
+    assert len(calls) == 3

@@ -651,3 +651,62 @@ def test_background_refreshes_start_only_once_the_cycle_that_queued_them_ended(c
         stage_mod.score_stats = real_stats
         stage.close()
         store.close()
+
+
+def test_a_background_refresh_waits_out_a_cycle_between_bootstrap_chunks(chdb_path, monkeypatch):
+    """The CI thread's bootstrap hands the core back to a scoring cycle: before each chunk of
+    replicates it waits while a cycle is under way (``_between_cycles`` cleared), and the time
+    it waited is not counted as its work. One replicate per chunk here (``_CHUNK_ELEMS`` = 1), so
+    a refresh at B = N_BOOT pauses N_BOOT times; its CI equals the one computed without pauses."""
+    import threading
+
+    from relyscope.scorers import bootstrap as B
+
+    store = Store(f"chdb://{chdb_path}", database="y" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(5)
+    store.insert_trials([dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9),
+                                                        agent="a"), status="complete", perturbation_family=None)
+                         for i in range(40)])
+    stage = ScoreStage(Settings(n_boot=N_BOOT, store=f"chdb://{chdb_path}"), store, None)
+    try:
+        stage.rescore(all_groups=True)
+        g = ("a", "1.0", "production")
+        want = stage.window_scores["all"][g].metrics["success_rate"].ci
+        monkeypatch.setattr(B, "_CHUNK_ELEMS", 1)
+        stage._between_cycles.clear()  # a cycle is under way
+        done: list = []
+        job = threading.Thread(target=lambda: done.append(stage._ci_window_job(g, None, 0, None, False)))
+        started = time.perf_counter()
+        waits: list[float] = []
+        real = stage._paused
+        first, go = threading.Event(), threading.Event()
+
+        def counting(t0):
+            pause = real(t0)
+
+            def p():
+                waits.append(time.perf_counter())
+                if len(waits) == 1:  # hold the first chunk until the test has started a cycle
+                    first.set()
+                    go.wait(10)
+                pause()
+            return p
+        monkeypatch.setattr(stage, "_paused", counting)
+        stage._between_cycles.set()  # the job's first wait passes ...
+        job.start()
+        assert first.wait(10)
+        stage._between_cycles.clear()  # ... then a cycle starts: the job stops at this chunk
+        go.set()
+        time.sleep(0.5)
+        assert job.is_alive() and len(waits) == 1
+        stage._between_cycles.set()
+        job.join(10)
+        assert not job.is_alive()
+        gs, _, _, took = done[0]
+        assert len(waits) == N_BOOT
+        assert gs.metrics["success_rate"].ci == want
+        assert took < time.perf_counter() - started - 0.4  # the ≥ 0.5 s of waiting is not work
+    finally:
+        stage.close()
+        store.close()

@@ -18,7 +18,9 @@ Randomness: ``numpy.random.default_rng(seed)``; the same seed and inputs give th
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,6 +35,7 @@ __all__ = [
     "resample_weights",
     "replicate",
     "replicate_sums",
+    "yielding",
     "percentile_interval",
     "bootstrap_statistic",
     "bootstrap_mean",
@@ -46,6 +49,7 @@ __all__ = [
 
 DEFAULT_N_BOOT: Final = 2000
 DEFAULT_LEVEL: Final = 0.95
+_YIELD = threading.local()  # .fn: this thread's hook between replicate chunks (see yielding)
 _CHUNK_ELEMS: Final = 1_000_000  # replicate rows per chunk × max(n_tasks, columns) ≤ this (~8 MB per chunk array)
 
 Statistic = Callable[[list[NDArray[np.float64]]], NDArray[np.float64]]
@@ -164,10 +168,28 @@ def replicate(
     width = max([n_tasks] + [m.shape[1] for m in mats])
     rows = max(1, min(n_boot, _CHUNK_ELEMS // max(width, 1)))
     out = []
+    pause = getattr(_YIELD, "fn", None)
     for w in resample_weights(n_tasks, n_boot=n_boot, rng=rng, strata=strata, chunk_rows=rows):
+        if pause is not None:
+            pause()
         sums = [np.asarray((m.T @ w.T).T) if hasattr(m, "tocsc") else w @ m for m in mats]
         out.append(np.asarray(statistic(sums), dtype=np.float64))
     return np.concatenate(out, axis=0)
+
+
+@contextmanager
+def yielding(pause: Callable[[], None]) -> Iterator[None]:
+    """Within the block, :func:`replicate` in *this thread* calls ``pause()`` before each chunk of
+    replicates (each ≤ ``_CHUNK_ELEMS`` weights): a background bootstrap can hand the core and the
+    GIL back to a latency-bound thread while it works (the live scorer's CI thread waits for the
+    gap between scoring cycles). ``pause`` returns when the work may go on; the replicates are
+    the same with or without it. Other threads are not affected; blocks nest (inner wins)."""
+    prev = getattr(_YIELD, "fn", None)
+    _YIELD.fn = pause
+    try:
+        yield
+    finally:
+        _YIELD.fn = prev
 
 
 def replicate_sums(

@@ -26,6 +26,7 @@ from typing import Callable
 
 from relyscope.config import Settings
 from relyscope.model import Trial
+from relyscope.scorers.bootstrap import yielding
 from relyscope.scorers.graders import grade_trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
@@ -217,13 +218,30 @@ class ScoreStage:
         t0 = time.perf_counter()
         st = snap if snap is not None else self.rollup().window_stats(g, since, length)
         s = self.settings
-        gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
-        return gs, st.max_end_ns, stats_digest(st), time.perf_counter() - t0
+        # a cycle that starts meanwhile gets the GIL back at the next chunk of replicates: the
+        # time spent waiting is not work (excluded from the figure returned)
+        with yielding(self._paused(t0)):
+            gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
+        return gs, st.max_end_ns, stats_digest(st), time.perf_counter() - t0 - self._ci_waited
 
     def _ci_drift_job(self, g: GroupKey, now: float, measured: bool, members):
         self._wait_between_cycles()
         t0 = time.perf_counter()
-        return self._drift(self.rollup(), g, now, measured, members), time.perf_counter() - t0
+        with yielding(self._paused(t0)):
+            d = self._drift(self.rollup(), g, now, measured, members)
+        return d, time.perf_counter() - t0 - self._ci_waited
+
+    def _paused(self, t0: float):
+        """The CI thread's hook between bootstrap chunks: wait out a cycle under way, adding the
+        wait to ``_ci_waited`` (reset here: one job at a time runs on the single CI thread)."""
+        self._ci_waited = 0.0
+
+        def pause() -> None:
+            if not self._between_cycles.is_set():
+                w0 = time.perf_counter()
+                self._wait_between_cycles()
+                self._ci_waited += time.perf_counter() - w0
+        return pause
 
     def _collect_ci_jobs(self, out: dict, drift: dict) -> list[dict]:
         """Publish the background refreshes that finished: each window's CI joins its published
