@@ -65,6 +65,9 @@ LEVELS: Final = {1: 60, 2: 3600, 3: 0}
 OVERLAP_NS: Final = 30 * 10**9
 _MAX_BUCKETS: Final = 360  # a window uses the finest level with at most this many buckets
 _BATCH: Final = 5000  # trials re-resolved per store round trip
+#: the four views fed by one ``contrib_log`` insert run side by side (ClickHouse's default is one
+#: after the other); on 2 cores the insert took ~20 % less (bench/README.md, bench_live_scoring)
+_PARALLEL_VIEWS: Final = {"parallel_view_processing": 1}
 
 _SUMS = ", ".join(f"{name} {typ}" for name, typ in SUM_COLUMNS)
 _SUM_NAMES = [name for name, _ in SUM_COLUMNS]
@@ -313,7 +316,7 @@ class Rollup:
                       "GROUP BY shadow_of", {"w": max(0, wl - OVERLAP_NS)})
             ledger_prods = {r[0] for r in lrows if self._ledger_seen.get(r[0]) != int(r[1])}
             new_wl = max([wl] + [int(r[1]) for r in lrows])
-            rows = q("SELECT trial_id, trace_id, version_ns, agent, version, run_kind FROM {db}.trials "
+            rows = q("SELECT trial_id, trace_id, version_ns, agent, version, run_kind, shadow_of FROM {db}.trials "
                      "WHERE version_ns > %(w)s", {"w": max(0, wt - OVERLAP_NS)})
             # rows of the overlap already folded by this process need no second pass
             fresh = [r for r in rows if self._seen.get((r[0], *r[3:6])) != int(r[2])]
@@ -358,7 +361,13 @@ class Rollup:
             # a new experiment on a trial (`shadow start --again`) or a re-run of a cut-off replay
             # attempt supersedes earlier replays: their contributions are retracted as soon as the
             # ledger or the new replays say so
-            superseded = self._superseded_replays(trace_ids, ledger_prods)
+            # the production trials the recent-only traces replay are in their recent rows (a
+            # trace is a replay of one trial or none): looked up only for the others
+            recent_of: dict[str, set[str]] = {t: set() for t in fast if t not in slow}
+            for r in rows:
+                if r[6] and r[1] in recent_of:
+                    recent_of[r[1]].add(r[6])
+            superseded = self._superseded_replays(trace_ids, ledger_prods, recent_of)
             slow |= superseded
             trace_ids |= superseded
             fast = {t: v for t, v in fast.items() if t in trace_ids and t not in slow}
@@ -381,19 +390,25 @@ class Rollup:
             self._ledger_seen = {k: v for k, v in self._ledger_seen.items() if v > lh}
             return changed
 
-    def _superseded_replays(self, trace_ids: set[str], prods: set[str] = frozenset()) -> set[str]:
+    def _superseded_replays(self, trace_ids: set[str], prods: set[str] = frozenset(),
+                            known: dict[str, set[str]] | None = None) -> set[str]:
         """Trace ids of stored replays that the shadow ledger no longer counts
         (:meth:`relyscope.store.shadow.ShadowLedger.replay_traces`: a later experiment on the same
         production trial, or a later attempt of the same replay — a re-run after a crash or a stop
         gets a new trace id), among the replays of ``prods`` and of the production trials the
-        replays among ``trace_ids`` copy. Cost: lookups by these ids only."""
+        replays among ``trace_ids`` copy. ``known``: trace id → the ``shadow_of`` values of its
+        rows, already read (those traces are not looked up). Cost: lookups by these ids only."""
         from relyscope.store.shadow import ShadowLedger
 
         q = self.store.query
         prods = set(prods)
-        if trace_ids:
+        known = known or {}
+        for t in trace_ids:
+            prods |= known.get(t, set())
+        look = [t for t in trace_ids if t not in known]
+        if look:
             prods |= {r[0] for r in q("SELECT DISTINCT shadow_of FROM {db}.trials WHERE trace_id IN %(t)s "
-                                      "AND shadow_of IS NOT NULL AND shadow_of != ''", {"t": sorted(trace_ids)})}
+                                      "AND shadow_of IS NOT NULL AND shadow_of != ''", {"t": sorted(look)})}
         if not prods:
             return set()
         current = ShadowLedger(self.store).replay_traces(prods)
@@ -461,7 +476,7 @@ class Rollup:
                 changed.add(new[0])
         # one INSERT: the rollups, the trajectory sample and the current contributions are all
         # written by the materialized views of this one block
-        self.store._insert("contrib_log", rows, _LOG_COLS)
+        self.store._insert("contrib_log", rows, _LOG_COLS, settings=_PARALLEL_VIEWS)
         self.rows += rows
         if self.graded:
             for group, ev in facts:

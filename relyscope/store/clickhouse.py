@@ -46,7 +46,7 @@ import os
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, Iterable, Sequence
 from urllib.parse import urlparse
 
 import clickhouse_connect
@@ -324,11 +324,23 @@ def _evaluations_json(evs: Sequence[Evaluation]) -> str:
         return json.dumps([_evaluation_dict(e) for e in evs], ensure_ascii=True)
 
 
+_OPS: Final = {o.value: o for o in Op}
+
+
 def _step_from_dict(d: dict) -> Step:
-    d = dict(d)
-    d["op"] = Op(d.get("op", "unknown"))
-    d["flags"] = frozenset(d.get("flags") or ())
-    return Step(**{k: v for k, v in d.items() if k in _STEP_FIELD_SET})
+    kw = {k: v for k, v in d.items() if k in _STEP_FIELD_SET}
+    op = d.get("op", "unknown")
+    o = _OPS.get(op) if op.__class__ is str else None
+    kw["op"] = o if o is not None else Op(op)  # Op(...) raises on a name it does not know, as before
+    kw["flags"] = frozenset(d.get("flags") or ())
+    return Step(**kw)
+
+
+def _steps_from_json(text: str) -> tuple[Step, ...]:
+    """The ``trials.steps`` column back to steps. ``json``, not orjson: orjson reads an integer
+    beyond 64 bits as a float (the ``json.dumps`` fallback of :func:`_steps_json` writes them)."""
+    items = json.loads(text)
+    return tuple(_step_from_dict(x) for x in items)
 
 
 class Store:
@@ -458,10 +470,12 @@ class Store:
         name = PERMANENT_CODES.get(code) or TRANSIENT_CODES.get(code) or "INJECTED"
         raise DatabaseError(f"Code: {code}. DB::Exception: fault injected by {self.fault_file}. ({name})")
 
-    def _insert(self, table: str, rows: list[list], cols: list[str], *, permanent: bool = False) -> None:
-        """Insert rows. Raises StoreUnavailable (retryable) or — with ``permanent=True`` only —
-        StoreRejected when the rows can never be stored (without it a data error is reported as
-        StoreUnavailable, as callers without a quarantine expect)."""
+    def _insert(self, table: str, rows: list[list], cols: list[str], *, permanent: bool = False,
+                settings: dict | None = None) -> None:
+        """Insert rows (``settings``: ClickHouse settings of this insert). Raises StoreUnavailable
+        (retryable) or — with ``permanent=True`` only — StoreRejected when the rows can never be
+        stored (without it a data error is reported as StoreUnavailable, as callers without a
+        quarantine expect)."""
         if not rows:
             return
         t0 = time.perf_counter()
@@ -471,11 +485,11 @@ class Store:
             with self._lock:
                 client = self._ready_client()
                 try:
-                    client.insert(f"{self.db}.{table}", rows, column_names=cols)
+                    client.insert(f"{self.db}.{table}", rows, column_names=cols, settings=settings)
                 except UnicodeEncodeError:
                     # a lone surrogate that slipped past decoding: a permanent error for this
                     # data, so repair (U+FFFD) and write once more rather than retry forever
-                    client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols)
+                    client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols, settings=settings)
         except Exception as e:  # noqa: BLE001 - every driver failure is classified
             self.write_errors += 1
             err = classify(e, f"insert into {table}")
@@ -853,7 +867,7 @@ class Store:
                 claimed_success=d["claimed_success"], confidence=d["confidence"],
                 conversation_id=d["conversation_id"], start_ns=_ns(d["start_time"]),
                 end_ns=_ns(d["end_time"]),
-                steps=tuple(_step_from_dict(x) for x in json.loads(d["steps"])),
+                steps=_steps_from_json(d["steps"]),
                 input_tokens=d["input_tokens"], output_tokens=d["output_tokens"],
                 total_tokens=d["total_tokens"], cost_usd=d["cost_usd"],
                 model_calls=d["model_calls"], tool_calls=d["tool_calls"],
