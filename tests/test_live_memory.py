@@ -682,8 +682,8 @@ def test_a_background_refresh_waits_out_a_cycle_between_bootstrap_chunks(chdb_pa
         real = stage._paused
         first, go = threading.Event(), threading.Event()
 
-        def counting(t0):
-            pause = real(t0)
+        def counting():
+            pause = real()
 
             def p():
                 waits.append(time.perf_counter())

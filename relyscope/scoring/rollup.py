@@ -404,7 +404,7 @@ class Rollup:
         prods = set(prods)
         known = known or {}
         for t in trace_ids:
-            prods |= known.get(t, set())
+            prods.update(known.get(t, ()))
         look = [t for t in trace_ids if t not in known]
         if look:
             prods |= {r[0] for r in q("SELECT DISTINCT shadow_of FROM {db}.trials WHERE trace_id IN %(t)s "

@@ -220,18 +220,18 @@ class ScoreStage:
         s = self.settings
         # a cycle that starts meanwhile gets the GIL back at the next chunk of replicates: the
         # time spent waiting is not work (excluded from the figure returned)
-        with yielding(self._paused(t0)):
+        with yielding(self._paused()):
             gs = score_stats(st, safety_measured=measured, n_boot=s.n_boot, seed=0, max_k=s.max_k)
         return gs, st.max_end_ns, stats_digest(st), time.perf_counter() - t0 - self._ci_waited
 
     def _ci_drift_job(self, g: GroupKey, now: float, measured: bool, members):
         self._wait_between_cycles()
         t0 = time.perf_counter()
-        with yielding(self._paused(t0)):
+        with yielding(self._paused()):
             d = self._drift(self.rollup(), g, now, measured, members)
         return d, time.perf_counter() - t0 - self._ci_waited
 
-    def _paused(self, t0: float):
+    def _paused(self):
         """The CI thread's hook between bootstrap chunks: wait out a cycle under way, adding the
         wait to ``_ci_waited`` (reset here: one job at a time runs on the single CI thread)."""
         self._ci_waited = 0.0
