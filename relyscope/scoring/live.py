@@ -96,6 +96,10 @@ class WindowState:
     #: trials added or removed so far (Σ |n_all| of every add and subtraction: a re-graded trial
     #: counts twice), what the stage's CI refresh rule measures change by
     churn: int = 0
+    #: :meth:`live_rows`' last answer, (alive rows in row order, ids, rows): reused while the same
+    #: rows are alive (a long window's task set rarely changes; sorting its ids was ~10 % of a
+    #: point estimate)
+    _live_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     def _rows_for(self, tasks: list[str]) -> np.ndarray:
         out = np.empty(len(tasks), np.int64)
@@ -163,12 +167,18 @@ class WindowState:
         return int(self.ints[: len(self.tasks), _N_ALL].sum())
 
     def live_rows(self) -> tuple[list[str], np.ndarray]:
-        """Task ids (sorted) with a trial (n_all != 0) and their row numbers."""
+        """Task ids (sorted) with a trial (n_all != 0) and their row numbers (the caller must
+        not modify them: while the same rows are alive, the same two objects are returned)."""
         n = len(self.tasks)
         alive = np.flatnonzero(self.ints[:n, _N_ALL] != 0)
+        memo = self._live_memo
+        if memo is not None and np.array_equal(memo[0], alive):
+            return memo[1], memo[2]
         ids = [self.tasks[i] for i in alive]
         order = sorted(range(len(ids)), key=ids.__getitem__)
-        return [ids[i] for i in order], alive[np.array(order, dtype=np.int64)] if order else alive[:0]
+        out = [ids[i] for i in order], alive[np.array(order, dtype=np.int64)] if order else alive[:0]
+        self._live_memo = (alive, *out)
+        return out
 
     def compact(self) -> None:
         """Drop tasks left without trials (after they slid out of the window)."""
@@ -179,6 +189,7 @@ class WindowState:
             setattr(self, name, getattr(self, name)[rows].copy())
         self.tasks = ids
         self.ids = {t: i for i, t in enumerate(ids)}
+        self._live_memo = None  # row numbers changed
         if not self.pooled:
             self.hist = {k: v for k, v in self.hist.items() if k[0] in self.ids}
 
@@ -331,7 +342,7 @@ class LiveStats:
 
     def advance_all(self, groups: list[GroupKey], now_s: float) -> dict[GroupKey, set[str]]:
         """Slide the windows of ``groups`` to end at ``now_s``: subtract the buckets each window
-        left — read from ClickHouse once per bucket range for all groups — or reload a window
+        left — read from ClickHouse in one query per bucket level for all windows and groups — or reload a window
         whose start moved back (a clock step) or by more than its length. Returns group → names
         of the windows that changed."""
         out: dict[GroupKey, set[str]] = {}
@@ -347,21 +358,50 @@ class LiveStats:
                     wins[name] = self._read(g, name, ws.length, now_s)
                     continue
                 moves.setdefault((ws.level, ws.since, since), []).append((g, ws, since))
-        for (level, old, new), items in moves.items():
-            gone_by = self.rollup.range_stats(sorted({g for g, _, _ in items}), level, old, new)
-            for g, ws, since in items:
-                gone = gone_by.get(g)
-                if gone is not None and gone.task_ids:
-                    ws.add(gone.task_ids, gone.sums, -1)
-                    for t, q, p, n in gone.hist:
-                        ws.add_hist(gone.task_ids[t], q, -p, -n)
-                ws.since = since
-                ws.version += 1
-                ws.tj_ok[:] = False  # fewer of each task's runs may fall in the window now
-                if ws.max_end_ns < since * 10**9:
-                    ws.max_end_ns = 0
-                ws.compact()
+        by_level: dict[int, list[tuple[int, int]]] = {}
+        for level, old, new in moves:
+            by_level.setdefault(level, []).append((old, new))
+        for level, ranges in by_level.items():  # one read per level for every window and group
+            gone_by = self.rollup.ranges_stats(
+                sorted({g for r in ranges for g, _, _ in moves[(level, *r)]}), level, ranges)
+            for i, r in enumerate(ranges):
+                self._subtract(moves[(level, *r)], {g: st for (g, j), st in gone_by.items() if j == i})
         return out
+
+    def _subtract(self, items: list[tuple[GroupKey, WindowState, int]], gone_by: dict[GroupKey, TaskStats]) -> None:
+        """Slide each window of ``items`` (group, window, new start) past the buckets it left,
+        whose statistics are ``gone_by[group]``."""
+        for g, ws, since in items:
+            gone = gone_by.get(g)
+            if gone is not None and gone.task_ids:
+                ws.add(gone.task_ids, gone.sums, -1)
+                for t, q, p, n in gone.hist:
+                    ws.add_hist(gone.task_ids[t], q, -p, -n)
+            self._slid_traj(g, ws, since)
+            ws.since = since
+            ws.version += 1
+            if ws.max_end_ns < since * 10**9:
+                ws.max_end_ns = 0
+            ws.compact()
+
+    def _slid_traj(self, group: GroupKey, ws: WindowState, since_s: int) -> None:
+        """Before ``ws`` slides to start at ``since_s``: clear ``tj_ok`` of the tasks whose
+        trajectory runs in the window drop (the oldest of the ``m`` runs counted in it ends before
+        the new start; a task's runs are most recent first, so that run is the only one to look
+        at); the others keep their C_traj values."""
+        n = len(ws.tasks)
+        ok = np.flatnonzero(ws.tj_ok[:n] & (ws.tj[:n, 0] > 0))
+        if not ok.size:
+            return
+        traj = self._traj.get(group, {})
+        since_ns = since_s * 10**9
+        stale = []
+        for r, m in zip(ok.tolist(), ws.tj[ok, 0].astype(np.int64).tolist()):
+            sample = traj.get(ws.tasks[r], ())
+            if len(sample) < m or sample[m - 1][0] < since_ns:
+                stale.append(r)
+        if stale:
+            ws.tj_ok[stale] = False
 
     # ---- reads ---------------------------------------------------------------------------------
     def window(self, group: GroupKey, name: str) -> WindowState:
@@ -402,7 +442,6 @@ class LiveStats:
         if len(rows):
             fsums[:, _INT] = ws.ints[rows]
             fsums[:, _FLT] = ws.flts[rows]
-        idx = {t: i for i, t in enumerate(ids)}
         # C_res for the rows whose sums changed since it was computed
         stale = rows[~ws.cres_ok[rows]] if len(rows) else rows
         if stale.size:
@@ -438,6 +477,7 @@ class LiveStats:
         if ws.pooled or points_only:
             pooled = sorted((q, p, n) for q, (p, n) in (ws.hist if ws.pooled else ws.phist).items() if p or n)
             return TaskStats(ids, sums, [], lists, pooled_hist=pooled, **extra)
+        idx = {t: i for i, t in enumerate(ids)}
         hist = sorted((idx[t], q, p, n) for (t, q), (p, n) in ws.hist.items() if t in idx and (p or n))
         return TaskStats(ids, sums, hist, lists, **extra)
 
