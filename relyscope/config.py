@@ -166,6 +166,11 @@ class Settings(BaseSettings):
     malloc_trim_interval_s: float = Field(
         30.0, ge=0, description="seconds between malloc_trim(0) calls returning free heap pages to the "
         "system (glibc); 0 = never")
+    gc_freeze_interval_s: float = Field(
+        3600.0, ge=0, description="seconds between settlings of Python's cyclic garbage collector by the scoring "
+        "stage: a full collection, then every surviving object frozen out of its scans (gc.freeze), the first "
+        "after the first scoring cycle; the scorer's long-lived windows were otherwise scanned by a full "
+        "collection nearly every cycle. 0 = never (Python's default behaviour)")
     stop_timeout_s: float = Field(
         10.0, ge=0, description="graceful stop (SIGTERM): the receivers keep answering while the queue drains, "
         "at most this long; then they close and the rest stays in the spool for the next start")

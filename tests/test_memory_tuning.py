@@ -81,3 +81,64 @@ def test_trim_runs_and_trimmer_stops():
 def test_defaults_cap_arenas_and_trim():
     s = Settings()
     assert s.malloc_arena_max == 2 and s.malloc_trim_interval_s == 30.0
+
+
+_GC_PROBE = r"""
+import gc, sys, tempfile, weakref
+from relyscope import memory
+from relyscope.config import Settings
+from relyscope.scoring.stage import ScoreStage
+from relyscope.store import Store
+
+class Node:
+    pass
+
+a, b = Node(), Node()
+a.other, b.other = b, a  # a reference cycle: only the cyclic collector frees it
+dead = weakref.ref(a)
+del a, b
+gc.disable()  # no automatic collection: only settle_gc may free the cycle
+interval = float(sys.argv[1])
+assert gc.get_freeze_count() == 0
+calls = []
+real = memory.settle_gc
+memory.settle_gc = lambda: calls.append(1) or real()
+with tempfile.TemporaryDirectory() as d:
+    s = Settings(store=f"chdb://{d}/data", gc_freeze_interval_s=interval, n_boot=10)
+    store = Store(s.store)
+    stage = ScoreStage(s, store, None)
+    stage.rescore(all_groups=True)
+    first = gc.get_freeze_count()
+    stage.rescore()  # within the interval: no second settle
+    print(first, len(calls), dead() is None)
+    gc.unfreeze()
+    store.close()
+"""
+
+
+def test_the_scoring_stage_settles_the_cyclic_gc_after_its_first_cycle_and_not_every_cycle():
+    """After its first cycle the stage runs a full collection (garbage cycles are freed) and
+    freezes the survivors out of the collector's scans; the next cycle within
+    RELYSCOPE_GC_FREEZE_INTERVAL_S does not do it again; 0 turns it off. In a fresh process:
+    freezing is process-wide."""
+    def run(interval: float) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _GC_PROBE, str(interval)], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    frozen, settles, freed = run(3600.0)
+    assert int(frozen) > 1000 and settles == "1" and freed == "True"
+    assert run(0.0) == ["0", "0", "False"]
+
+
+def test_settle_gc_if_due_is_rate_limited_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(memory, "settle_gc", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(memory, "_settled_at", None)
+    assert memory.settle_gc_if_due(3600.0) and not memory.settle_gc_if_due(3600.0)
+    assert not memory.settle_gc_if_due(0.0)
+    monkeypatch.setattr(memory, "_settled_at", time.monotonic() - 3601)
+    assert memory.settle_gc_if_due(3600.0)
+    assert len(calls) == 2
+    assert Settings().gc_freeze_interval_s == 3600.0

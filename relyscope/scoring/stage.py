@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Callable
 
+from relyscope import memory
 from relyscope.config import Settings
 from relyscope.model import Trial
 from relyscope.scorers.bootstrap import yielding
@@ -389,8 +390,12 @@ class ScoreStage:
             self._between_cycles.clear()
             try:
                 if self.settings.incremental_scoring:
-                    return self._rescore_incremental(all_groups)
-                return self._rescore(all_groups)
+                    out = self._rescore_incremental(all_groups)
+                else:
+                    out = self._rescore(all_groups)
+                # what the cycles keep (windows, samples) leaves the collector's full scans
+                memory.settle_gc_if_due(self.settings.gc_freeze_interval_s)
+                return out
             finally:
                 self._between_cycles.set()
 
