@@ -15,6 +15,7 @@ returned to the system only from its top. Two standard glibc controls (``mallopt
   (``madvise(MADV_DONTNEED)``), not only the heap top. :class:`Trimmer` calls it periodically.
 
 On a C library other than glibc (musl, macOS) both are no-ops that return False.
+Figures: bench/README.md, section ``bench_memory.py``.
 
 - :func:`settle_gc` — a full collection, then ``gc.freeze()``: the objects alive then (the
   scorer's in-memory windows and trajectory samples, the loaded modules) leave the collector's
@@ -24,7 +25,6 @@ On a C library other than glibc (musl, macOS) both are no-ops that return False.
   among formerly frozen objects is freed at the next call at the latest). Measured on the
   1 000 000-trial benchmark: the collector's time per 1 s scoring cycle fell from ~0.135 s
   (a full scan of ~150 000 objects nearly every cycle) to ~0.045 s (bench/README.md).
-Figures: bench/README.md, section ``bench_memory.py``.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def trim() -> bool:
 def settle_gc() -> int:
     """Unfreeze, run a full collection, then freeze (``gc.freeze``) every surviving object out of
     the cyclic collector's scans (they are still freed by reference counting). Returns the number
-    of objects frozen. Cost: one full collection (~0.1–0.7 s with a few hundred thousand objects)."""
+    of objects frozen. Cost: one full collection (~0.1 s with the benchmark's ~150 000 objects)."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()

@@ -97,8 +97,7 @@ class WindowState:
     #: counts twice), what the stage's CI refresh rule measures change by
     churn: int = 0
     #: :meth:`live_rows`' last answer, (alive rows in row order, ids, rows): reused while the same
-    #: rows are alive (a long window's task set rarely changes; sorting its ids was ~10 % of a
-    #: point estimate)
+    #: rows are alive (a long window's task set rarely changes; its ids need no sort every cycle)
     _live_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     def _rows_for(self, tasks: list[str]) -> np.ndarray:
@@ -365,14 +364,15 @@ class LiveStats:
             gone_by = self.rollup.ranges_stats(
                 sorted({g for r in ranges for g, _, _ in moves[(level, *r)]}), level, ranges)
             for i, r in enumerate(ranges):
-                self._subtract(moves[(level, *r)], {g: st for (g, j), st in gone_by.items() if j == i})
+                self._subtract(moves[(level, *r)], gone_by, i)
         return out
 
-    def _subtract(self, items: list[tuple[GroupKey, WindowState, int]], gone_by: dict[GroupKey, TaskStats]) -> None:
+    def _subtract(self, items: list[tuple[GroupKey, WindowState, int]],
+                  gone_by: dict[tuple[GroupKey, int], TaskStats], i: int) -> None:
         """Slide each window of ``items`` (group, window, new start) past the buckets it left,
-        whose statistics are ``gone_by[group]``."""
+        range ``i`` of :meth:`Rollup.ranges_stats`' answer ``gone_by``."""
         for g, ws, since in items:
-            gone = gone_by.get(g)
+            gone = gone_by.get((g, i))
             if gone is not None and gone.task_ids:
                 ws.add(gone.task_ids, gone.sums, -1)
                 for t, q, p, n in gone.hist:

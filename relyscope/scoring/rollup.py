@@ -70,9 +70,9 @@ _BATCH: Final = 5000  # trials re-resolved per store round trip
 _PARALLEL_VIEWS: Final = {"parallel_view_processing": 1}
 #: rows per primary-index granule of the bucket rollups (ClickHouse's default is 8192): a sliding
 #: window's step reads the one bucket it left, ~100 rows per group, but every column (~0.7 KiB a
-#: row: the Int256 sums of squares) of each granule that bucket touches — at 8192 that was ~15
-#: granules, ~85 MB decompressed and ~75 ms per step at 1 000 000 stored trials; 1024 reads ~1/8
-#: of it for a primary index 8× larger (one mark per 1024 rows: ~1 000 marks per million rows)
+#: row: the Int256 sums of squares) of each granule that bucket touches — ~15 granules of 8192 at
+#: 1 000 000 stored trials. At 1024 a one-minute read took 68 ms instead of 84 ms (one merged
+#: part, bench/README.md) for a primary index 8× larger (~1 000 marks per million rows)
 _GRANULE: Final = 1024
 
 _SUMS = ", ".join(f"{name} {typ}" for name, typ in SUM_COLUMNS)
@@ -667,16 +667,14 @@ class Rollup:
         out: dict[tuple[GroupKey, int], TaskStats] = {}
         if not groups or not ranges:
             return out
-        p: dict = {"g": sorted(groups), "l": level}
-        conds = []
-        for i, (a, b) in enumerate(ranges):
-            p[f"s{i}"], p[f"u{i}"] = int(a), int(b)
-            conds.append(f"(bucket >= toDateTime(%(s{i})s, 'UTC') AND bucket < toDateTime(%(u{i})s, 'UTC'))")
-        # the indexes of the ranges holding each row's bucket (one row per range: ARRAY JOIN)
-        which = ("arrayFilter(i -> bucket >= toDateTime([" + ", ".join(f"%(s{i})s" for i in range(len(ranges)))
-                 + "][i], 'UTC') AND bucket < toDateTime([" + ", ".join(f"%(u{i})s" for i in range(len(ranges)))
-                 + f"][i], 'UTC'), range(1, {len(ranges) + 1}))")
-        where = f"(agent, version, run_kind) IN %(g)s AND level = %(l)s AND ({' OR '.join(conds)})"
+        p: dict = {"g": sorted(groups), "l": level, "s": [int(a) for a, _ in ranges], "u": [int(b) for _, b in ranges]}
+        # the ranges spelled out for the primary key's pruning, and the (1-based) indexes of the
+        # ranges holding each row's bucket (one row per range: ARRAY JOIN)
+        conds = " OR ".join(f"(bucket >= toDateTime(%(s)s[{i}], 'UTC') AND bucket < toDateTime(%(u)s[{i}], 'UTC'))"
+                            for i in range(1, len(ranges) + 1))
+        which = (f"arrayFilter(i -> bucket >= toDateTime(%(s)s[i], 'UTC') AND bucket < toDateTime(%(u)s[i], 'UTC'), "
+                 f"range(1, {len(ranges) + 1}))")
+        where = f"(agent, version, run_kind) IN %(g)s AND level = %(l)s AND ({conds})"
         rows = self.store.query(
             f"SELECT agent, version, run_kind, rng, task_id, toUnixTimestamp64Nano(max(max_end)), "
             f"{', '.join(f'sum({c})' for c in _SUM_NAMES)} FROM {{db}}.task_stats ARRAY JOIN {which} AS rng "

@@ -183,8 +183,8 @@ def statements(retention: Retention | None = None) -> list[str]:
     for ddl in _base():
         m = _CREATE.match(ddl)
         if m and m.group(1) == "TABLE" and ttl.get(m.group(2)):
-            head, sep, tail = ddl.partition("\n    SETTINGS ")  # TTL comes before SETTINGS
-            ddl = f"{head}\n    TTL {ttl[m.group(2)]}" + (f"{sep}{tail}" if sep else "")
+            head, *settings = re.split(r"(?=\s+SETTINGS\s)", ddl, maxsplit=1)  # TTL goes before SETTINGS
+            ddl = f"{head}\n    TTL {ttl[m.group(2)]}" + "".join(settings)
         out.append(ddl)
     return out
 
