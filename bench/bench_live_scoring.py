@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--ci-background", default=None, help="RELYSCOPE_SCORE_CI_BACKGROUND (default: the setting's)")
     ap.add_argument("--profile", action="store_true", help="cProfile the cycles; print the top functions")
     ap.add_argument("--profile-sort", default="cumulative", help="pstats sort key of --profile (e.g. tottime)")
+    ap.add_argument("--profile-dump", default=None, help="also write --profile's raw stats to this file (for pstats)")
 
     ap.add_argument("--tracemalloc", action="store_true",
                     help="trace Python allocations from idle on; print the largest live sites at the end")
@@ -243,6 +244,8 @@ def main() -> None:
         import pstats
 
         prof.disable()
+        if args.profile_dump:
+            prof.dump_stats(args.profile_dump)
         pstats.Stats(prof).sort_stats(args.profile_sort).print_stats(40)
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     cyc = [r[0] + r[1] for r in rows]

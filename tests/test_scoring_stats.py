@@ -114,3 +114,46 @@ def test_identical_bootstrap_columns_are_stored_once_with_the_same_intervals(mon
     full_block = _prepare(st, True, 6).blocks[0]
     assert full_block.shape[1] > block.shape[1]
     assert_same(score_stats(st, safety_measured=True, n_boot=300, seed=5, max_k=6), dedup, rel=1e-12)
+
+
+def _pass_by_hand(c: int, n: int, k: int) -> tuple[float, float]:
+    """pass@k = 1 − C(n−c, k)/C(n, k), pass^k = C(c, k)/C(n, k) (metrics.md §2), NaN below k runs."""
+    if n < k:
+        return math.nan, math.nan
+    return 1 - math.comb(n - c, k) / math.comb(n, k), math.comb(c, k) / math.comb(n, k)
+
+
+def test_pass_rows_remembered_across_calls_equal_the_binomials_also_after_the_table_starts_over(monkeypatch):
+    import numpy as np
+
+    from relyscope.scoring import stats as S
+
+    monkeypatch.setattr(S, "_PASS_TABLES", {})
+    monkeypatch.setattr(S, "_PASS_MEMO_MAX", 40)  # small: later calls overflow it and start over
+    rng = random.Random(5)
+    for _ in range(6):  # each call: some pairs seen before, some new, duplicates within the call
+        n = np.array([rng.randrange(0, 30) for _ in range(60)], dtype=np.int64)
+        c = np.array([rng.randrange(0, int(x) + 1) for x in n], dtype=np.int64)
+        got = S._pass_rows(c, n, 4)
+        assert got.shape == (60, 8)
+        for i in range(60):
+            for k in range(1, 5):
+                want = _pass_by_hand(int(c[i]), int(n[i]), k)
+                assert got[i, k - 1] == pytest.approx(want[0], rel=1e-12, nan_ok=True)
+                assert got[i, 4 + k - 1] == pytest.approx(want[1], rel=1e-12, nan_ok=True)
+        keys, rows = S._PASS_TABLES[4]
+        assert list(keys) == sorted(set(keys.tolist())) and len(keys) <= 40 + 60
+    with pytest.raises(ValueError):
+        S._pass_rows(np.array([3]), np.array([2]), 2)
+
+
+def test_means_over_tasks_of_columns_are_the_means_of_their_defined_values():
+    import numpy as np
+
+    from relyscope.scoring.stats import _means_over_tasks
+
+    per = np.array([[0.5, np.nan, np.nan], [1.0, 0.25, np.nan], [0.0, 0.75, np.nan]])
+    got = _means_over_tasks(per, np.array([2, 3, 5]))
+    assert (got[0].value, got[0].n_tasks, got[0].n_trials) == (pytest.approx(0.5), 3, 10)
+    assert (got[1].value, got[1].n_tasks, got[1].n_trials) == (pytest.approx(0.5), 2, 8)
+    assert math.isnan(got[2].value) and (got[2].n_tasks, got[2].n_trials) == (0, 0)

@@ -224,37 +224,56 @@ def _f(a: NDArray[Any]) -> NDArray[np.float64]:
     return np.asarray(a, dtype=np.float64)
 
 
-#: (c, n, max_k) → pass@1..max_k, pass^1..max_k of one task (they depend on (c, n) alone)
-_PASS_MEMO: dict[tuple[int, int, int], NDArray[np.float64]] = {}
+#: max_k → (sorted keys, rows): pass@1..max_k, pass^1..max_k of the (c, n) pair keyed
+#: ``n (n + 1) / 2 + c`` (they depend on (c, n) alone), remembered across calls. A table is
+#: replaced whole, never changed in place: a reader holding the old one (another thread) is safe.
+_PASS_TABLES: dict[int, tuple[NDArray[np.int64], NDArray[np.float64]]] = {}
 _PASS_MEMO_MAX: Final = 200_000
 
 
 def _pass_rows(c: NDArray[np.int64], n: NDArray[np.int64], max_k: int) -> NDArray[np.float64]:
     """``(len(c), 2·max_k)``: pass@k then pass^k per task for k = 1..max_k, by the kernels of
     :mod:`relyscope.scorers.metrics` (``pass_at_k_per_task``, ``pass_hat_k_per_task``: exact
-    integer binomials) evaluated once per distinct (c, n) pair and remembered across calls.
+    integer binomials) evaluated once per distinct (c, n) pair and remembered across calls (at most
+    ``_PASS_MEMO_MAX`` pairs per ``max_k``; a lookup is one ``searchsorted``, no per-task Python).
     Raises ValueError unless 0 ≤ c ≤ n."""
     c, n = M._counts(c, n)  # the kernels' checks, before anything is remembered
     if not c.size:
         return np.empty((0, 2 * max_k))
-    base = int(n.max()) + 1
-    keys, inv = np.unique(c * base + n, return_inverse=True)
-    pairs = [divmod(int(x), base) for x in keys.tolist()]
-    # a local table (another thread may clear the shared memo meanwhile)
-    got = [_PASS_MEMO.get((a, b, max_k)) for a, b in pairs]
-    miss = [i for i, v in enumerate(got) if v is None]
-    if miss:
-        if len(_PASS_MEMO) + len(miss) > _PASS_MEMO_MAX:
-            _PASS_MEMO.clear()
-        cm = np.array([pairs[i][0] for i in miss], dtype=np.int64)
-        nm = np.array([pairs[i][1] for i in miss], dtype=np.int64)
-        tab = np.empty((len(miss), 2 * max_k))
+    key = n * (n + 1) // 2 + c  # a distinct key per pair with 0 <= c <= n
+    uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    keys, rows = _PASS_TABLES.get(max_k) or (np.zeros(0, np.int64), np.zeros((0, 2 * max_k)))
+    pos = np.searchsorted(keys, uk)
+    hit = pos < keys.size
+    hit[hit] = keys[pos[hit]] == uk[hit]
+    if not hit.all():
+        miss = np.flatnonzero(~hit)
+        cm, nm = c[first[miss]], n[first[miss]]
+        tab = np.empty((miss.size, 2 * max_k))
         for k in range(1, max_k + 1):
             tab[:, k - 1] = M.pass_at_k_per_task(cm, nm, k)
             tab[:, max_k + k - 1] = M.pass_hat_k_per_task(cm, nm, k)
-        for j, i in enumerate(miss):
-            got[i] = _PASS_MEMO[(pairs[i][0], pairs[i][1], max_k)] = tab[j]
-    return np.stack(got)[inv.reshape(-1)]
+        if keys.size + miss.size > _PASS_MEMO_MAX:  # start over with the pairs of this call
+            keys, rows = uk[hit], rows[pos[hit]]
+        keys = np.concatenate([keys, uk[miss]])
+        rows = np.concatenate([rows, tab])
+        order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], rows[order]
+        _PASS_TABLES[max_k] = (keys, rows)
+        pos = np.searchsorted(keys, uk)
+    return rows[pos][inv.reshape(-1)]
+
+
+def _means_over_tasks(per: NDArray[np.float64], n_trials: NDArray[Any]) -> list[M.MetricResult]:
+    """:func:`relyscope.scorers.metrics.mean_over_tasks` of each column of ``per`` ``(n_tasks,
+    m)`` (NaN = undefined for that task), with the trials ``n_trials`` ``(n_tasks,)`` each task
+    used; one vectorized pass instead of m calls (equal up to the order of summation)."""
+    d = ~np.isnan(per)
+    nt = d.sum(axis=0)
+    trials = np.where(d, np.asarray(n_trials, dtype=np.int64)[:, None], 0).sum(axis=0)
+    tot = np.where(d, per, 0.0).sum(axis=0)
+    return [M.MetricResult(float(tot[j] / nt[j]) if nt[j] else math.nan, int(nt[j]), int(trials[j]))
+            for j in range(per.shape[1])]
 
 
 def c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
@@ -317,6 +336,16 @@ class _NoColumns:
         return None
 
 
+def _block(st: TaskStats, names: list[str]) -> NDArray[np.float64]:
+    """The float64 columns ``names`` of ``st`` side by side, ``(n_tasks, len(names))``."""
+    if not st.task_ids:
+        return np.zeros((0, len(names)))
+    idx = [_COL_INDEX[x] for x in names]
+    if st.fsums is not None and not _BIG_COLS.intersection(idx):
+        return st.fsums[:, idx]
+    return np.stack([np.asarray(st.col(x), dtype=np.float64) for x in names], axis=1)
+
+
 def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_only: bool = False) -> _Prepared:
     nan = math.nan
     all_n = st.col("n_all").astype(np.int64) if st.sums.size else np.zeros(0, np.int64)
@@ -330,10 +359,15 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
     nt = len(trajs)
     # the sample's lists per usable task (none when the caller gave C_traj values without them)
     sub_trajs = [trajs[i] if i < nt else [] for i in ul] if nt or st.traj_values is None else []
-    sub = TaskStats([st.task_ids[i] for i in ul], st.sums[usable] if st.sums.size else st.sums, [], sub_trajs,
-                    fsums=None if st.fsums is None else st.fsums[usable])
-    remap = {old: new for new, old in enumerate(ul)}
-    sub.hist = [(remap[t], q, p, ng) for t, q, p, ng in st.hist if t in remap]
+    every = len(ul) == len(st.task_ids)  # the common case: no row to drop, nothing to remap
+    sub = TaskStats(st.task_ids if every else [st.task_ids[i] for i in ul],
+                    st.sums if every or not st.sums.size else st.sums[usable], [], sub_trajs,
+                    fsums=None if st.fsums is None else st.fsums if every else st.fsums[usable])
+    if every:
+        sub.hist = st.hist
+    elif st.hist:
+        remap = {old: new for new, old in enumerate(ul)}
+        sub.hist = [(remap[t], q, p, ng) for t, q, p, ng in st.hist if t in remap]
     n_tasks = len(sub.task_ids)
 
     def col(name: str, dtype=np.float64) -> NDArray[Any]:
@@ -353,10 +387,11 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
     results["success_rate"] = M.success_rate(c, n)
     stats["success_rate"] = ("ratio", cols.add(c, n))
     pt = _pass_rows(c, n, K)
+    pm = _means_over_tasks(pt, n)
     for k in range(1, K + 1):
-        for key, per in ((f"pass@{k}", pt[:, k - 1]), (f"pass^{k}", pt[:, K + k - 1])):
-            results[key] = M.mean_over_tasks(per, n)
-            stats[key] = ("mean", cols.mean(per))
+        for key, j in ((f"pass@{k}", k - 1), (f"pass^{k}", K + k - 1)):
+            results[key] = pm[j]
+            stats[key] = ("mean", cols.mean(pt[:, j]))
     for key, fn in (("unanimity", M.unanimity_per_task), ("C_out", M.c_out_per_task)):
         per = fn(c, n)
         results[key] = M.mean_over_tasks(per, n)
@@ -394,9 +429,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
     stats["R_Rob"] = ("nanmean", ("R_fault", "R_env", "R_prompt"))
 
     # §5 predictability, pooled: bins, Brier sums and the exact-value histograms
-    cal_n = np.stack([col(f"cal{b}_n") for b in range(NB)], axis=1) if n_tasks else np.zeros((0, NB))
-    cal_y = np.stack([col(f"cal{b}_y") for b in range(NB)], axis=1) if n_tasks else np.zeros((0, NB))
-    cal_q = np.stack([col(f"cal{b}_q") for b in range(NB)], axis=1) if n_tasks else np.zeros((0, NB))
+    cal_n, cal_y, cal_q = (_block(sub, [f"cal{b}_{s}" for b in range(NB)]) for s in ("n", "y", "q"))
     brier_n = col("brier_n")
     n_pred = int(brier_n.sum())
     pred_tasks = int((brier_n > 0).sum())
@@ -411,7 +444,7 @@ def _prepare(st: TaskStats, safety_measured: bool, max_k: int | None, points_onl
         pp = np.array([p for _, p, _ in st.pooled_hist], dtype=np.float64)
         pn = np.array([g for *_, g in st.pooled_hist], dtype=np.float64)
         auc = float(M.auroc_from_histograms(pp, pn)) if n_pred and pp.size else nan
-        empty = sparse.csr_matrix((n_tasks, 1))
+        empty = None if points_only else sparse.csr_matrix((n_tasks, 1))
         return _finish(results, stats, cols, sub, col, auc, pred_tasks, n_pred, safety_measured, K,
                        [empty, empty], (n_all_tasks, int(all_n.sum()), int(inv_n.sum()), int(inc_n.sum())))
     if points_only:  # the pooled histogram is all P_AUROC needs (same sums as the sparse path's)
