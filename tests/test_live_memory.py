@@ -439,12 +439,17 @@ def test_background_refreshes_collected_by_a_cycle_that_failed_are_not_lost(chdb
         for f, _, _ in list(stage._ci_jobs.values()):
             f.result(timeout=60)
         stage.settings = settings.model_copy(update={"live_check_interval_s": 0.001})  # refreshes an hour away
+        # the consistency check inside the cycle (as after two background checks without a
+        # verdict), so the cycle fails on the table renamed away after collecting the refreshes
+        real_check = stage._check_some
+        stage._check_some = lambda live, groups, now, background=False: real_check(live, groups, now)
         store.query("RENAME TABLE {db}.conf_stats TO {db}.conf_stats_away")
         time.sleep(0.05)
         with pytest.raises(Exception):
             stage.rescore()
         store.query("RENAME TABLE {db}.conf_stats_away TO {db}.conf_stats")
         stage.settings = settings
+        stage._check_some = real_check
         stage.rescore()
         assert g in stage.drift and "success_rate" in stage.drift[g]
         trials = sorted(store.load_trials(agent="a"), key=lambda t: t.task_id)
@@ -707,6 +712,75 @@ def test_a_background_refresh_waits_out_a_cycle_between_bootstrap_chunks(chdb_pa
         assert len(waits) == N_BOOT
         assert gs.metrics["success_rate"].ci == want
         assert took < time.perf_counter() - started - 0.4  # the ≥ 0.5 s of waiting is not work
+    finally:
+        stage.close()
+        store.close()
+
+
+def test_background_consistency_checks_repair_a_difference_next_cycle_and_give_no_verdict_across_a_sync(chdb_path):
+    """RELYSCOPE_SCORE_CI_BACKGROUND: a due consistency check compares a copy of the window's
+    memory with ClickHouse on the CI thread. A lost update in memory is found there and the next
+    cycle checks the window again and reloads it (one mismatch counted; memory == rollups after);
+    a check whose read would come after another sync gives no verdict, and after two of those the
+    window is checked inside the cycle."""
+    import threading
+
+    store = Store(f"chdb://{chdb_path}", database="k" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(31)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", outcome="success" if i % 3 else "failure") for i in range(60)]
+    store.insert_trials(base)
+    n = [0]
+
+    def more():  # one new trial per cycle: every group changes, every window is due a check
+        n[0] += 1
+        store.insert_trials([dataclasses.replace(base[0], trial_id=f"k{n[0]}", trace_id=f"{9700 + n[0]:032x}",
+                                                 end_ns=int((now_s - 5) * 1e9))])
+
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, live_check_interval_s=0.001,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        live = stage.live()
+        more()
+        stage.rescore()
+        jobs = dict(stage._check_jobs)
+        assert {(g, w) for w, _ in WINDOWS} <= set(jobs)  # none checked inside the cycle
+        assert all(f.result(timeout=60) is True for f in jobs.values())
+
+        live.window(g, "all").ints[0, 0] += 1  # a lost update
+        more()
+        stage.rescore()
+        assert stage._check_jobs[(g, "all")].result(timeout=60) is False
+        assert live.mismatches == 0  # found on the CI thread; repaired by the cycle
+        more()
+        stage.rescore()
+        assert live.mismatches == 1
+        assert same_stats(live.stats(g, "all"), stage.rollup().window_stats(g, 0, None), pooled=True)
+        for f in stage._check_jobs.values():
+            f.result(timeout=60)
+
+        for skips in (1, 2):
+            gate = threading.Event()
+            stage._ci_pool.submit(gate.wait, 60)  # holds the CI thread until the sync below
+            more()
+            stage.rescore()
+            fut = stage._check_jobs[(g, "all")]
+            more()
+            stage.rollup().sync()  # between the copy of the memory and the read
+            gate.set()
+            assert fut.result(timeout=60) is None
+            more()
+            stage.rescore()
+            if skips == 1:
+                assert stage._check_skips[(g, "all")] == 1 and (g, "all") in stage._check_jobs
+                stage._check_jobs.pop((g, "all")).result(timeout=60)
+        assert (g, "all") not in stage._check_jobs and (g, "all") not in stage._check_skips  # in the cycle
+        assert live.mismatches == 1
+        assert same_stats(live.stats(g, "all"), stage.rollup().window_stats(g, 0, None), pooled=True)
     finally:
         stage.close()
         store.close()

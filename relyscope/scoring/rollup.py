@@ -244,6 +244,9 @@ class Rollup:
         self._retention_applied = False  # the store's TTLs of trials & co. (after the first sync)
         self._last_stamp: int | None = None  # the last version stamp written (_stamp)
         self._lock = threading.Lock()
+        #: syncs (and rebuilds) begun: a reader holding ``_lock`` compares it with the count
+        #: it saw earlier to know whether the rollups may have changed since
+        self.syncs = 0
         #: complete trials left with outcome unknown by the last syncs (for an LLM judge); the
         #: caller empties it
         self.undecided: list[Trial] = []
@@ -314,6 +317,7 @@ class Rollup:
         is lost: the watermarks advance only after the rollups are written)."""
         told = set(trace_ids)
         with self._lock:
+            self.syncs += 1  # before any write: a reader holding the lock sees whether one began
             st = self._state()
             wt, wo, wj = st.get("trials_wm", 0), st.get("outcomes_wm", 0), st.get("judge_wm", 0)
             wl = st.get("ledger_wm", 0)
@@ -580,6 +584,7 @@ class Rollup:
         partly applied batch, or after changing the policy; cost: the history, once).
         Returns the groups found. Raises StoreUnavailable."""
         with self._lock:
+            self.syncs += 1
             for table in ROLLUP_TABLES:
                 _command(self.store, f"TRUNCATE TABLE IF EXISTS {{db}}.{table}")
             self._seen = {}

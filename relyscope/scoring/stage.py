@@ -37,8 +37,8 @@ from relyscope.scorers.review import (GroupReview, TrialFacts, policy_for, revie
 from relyscope.scoring.rollup import Rollup, window_start
 from relyscope.shadow.grading import resolve_replays
 from relyscope.scoring.drift import drift as drift_of
-from relyscope.scoring.live import LiveStats
-from relyscope.scoring.stats import score_stats
+from relyscope.scoring.live import LiveStats, same_stats
+from relyscope.scoring.stats import TaskStats, score_stats
 from relyscope.scoring.windows import parse_windows, window_name
 from relyscope.store import Store, StoreUnavailable
 
@@ -166,6 +166,11 @@ class ScoreStage:
         self._review_dirty: set[GroupKey] = set()  # changed since their report sections were made
         self._check_credit = 0.0
         self._check_clock = 0.0
+        #: consistency checks on the CI thread: (group, window) → future of a bool (agreed) or
+        #: None (a sync came between the snapshot and the read: no verdict)
+        self._check_jobs: dict[tuple[GroupKey, str], concurrent.futures.Future] = {}
+        #: (group, window) → checks in a row that gave no verdict (the next one runs in the cycle)
+        self._check_skips: dict[tuple[GroupKey, str], int] = {}
         self._drift_ref = parse_windows(settings.drift_reference)[0][1]
 
     def mark_dirty(self, groups) -> None:
@@ -483,9 +488,15 @@ class ScoreStage:
         return (ws.churn - then[0] >= self.settings.score_ci_min_change * max(then[1], 1)
                 or _due(self._ci_at[key], now, self.settings.score_ci_max_age_s))
 
-    def _check_some(self, live: LiveStats, groups: set[GroupKey], now: float) -> None:
+    def _check_some(self, live: LiveStats, groups: set[GroupKey], now: float, background: bool = False) -> None:
         """The periodic consistency check: compare the stalest in-memory windows with the
-        rollups (each at least every ``live_check_interval_s``, spread over the cycles)."""
+        rollups (each at least every ``live_check_interval_s``, spread over the cycles).
+
+        ``background``: the comparison runs on the CI thread (:meth:`_check_job`) from a copy of
+        the window's memory taken now, so the cycle pays the copy, not the ClickHouse read; a
+        window it finds different is checked again — and reloaded — inside the next cycle. A
+        window whose background check gave no verdict twice in a row is checked in the cycle."""
+        self._collect_checks(live, now)
         keys = [(g, name) for g in live.groups() if g in groups for name, _ in live._windows_of(g)]
         if not keys:
             return
@@ -495,10 +506,56 @@ class ScoreStage:
                                  float(len(keys)))
         keys.sort(key=lambda k: self._checked_at.get(k, 0.0))
         while self._check_credit >= 1 and keys:
-            g, name = keys.pop(0)
+            key = keys.pop(0)
+            if key in self._check_jobs:
+                continue
             self._check_credit -= 1
-            live.check(g, name, now)
-            self._checked_at[(g, name)] = now
+            g, name = key
+            if background and self._ci_pool is not None and self._check_skips.get(key, 0) < 2:
+                ru = self.rollup()
+                ws = live.window(g, name)
+                self._check_jobs[key] = self._ci_pool.submit(
+                    self._check_job, ru, g, ws.since, ws.length, ws.pooled, live.stats(g, name), ru.syncs)
+            else:
+                live.check(g, name, now)
+                self._check_skips.pop(key, None)
+            self._checked_at[key] = now
+
+    def _check_job(self, ru: Rollup, g: GroupKey, since: int, length: float | None, pooled: bool,
+                   mine: TaskStats, syncs: int) -> bool | None:
+        """A background consistency check: ``mine`` (the window's memory when the cycle ended)
+        against ClickHouse read under the rollup's lock, if no sync has run since (``syncs``, the
+        rollup's :attr:`Rollup.syncs` then); None if one has (the two would not describe the same
+        rows). Returns whether they agreed. Raises StoreUnavailable."""
+        self._wait_between_cycles()
+        with ru._lock:  # no sync can start during the read
+            if ru.syncs != syncs:
+                return None
+            fresh = ru.window_stats(g, since, length)
+        return same_stats(mine, fresh, pooled=pooled)
+
+    def _collect_checks(self, live: LiveStats, now: float) -> None:
+        """The background checks that finished: a difference is checked again (and the window
+        reloaded) now; no verdict or a failure leaves the window due again."""
+        for key, fut in list(self._check_jobs.items()):
+            if not fut.done():
+                continue
+            del self._check_jobs[key]
+            g, name = key
+            try:
+                ok = None if fut.cancelled() else fut.result()
+            except Exception:  # noqa: BLE001 - e.g. the store went down: due again
+                log.exception("background consistency check of %s %s failed", g, name)
+                ok = None
+            if ok is None:
+                self._check_skips[key] = self._check_skips.get(key, 0) + 1
+                self._checked_at[key] = 0.0
+                continue
+            self._check_skips.pop(key, None)
+            if not ok and live.find(g, name) is not None:
+                log.info("background check of %s window %s found a difference: checking it again", g, name)
+                live.check(g, name, now)
+                self._checked_at[key] = now
 
     def _rescore_incremental(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
         """Fold the changes since the last cycle into the rollups and into the in-memory window
@@ -653,7 +710,7 @@ class ScoreStage:
                 self._ci_dirty.discard(key)
         ph["drift"] = clk() - t0
         t0 = clk()
-        self._check_some(live, groups, now)
+        self._check_some(live, groups, now, background=background)
         ph["check"] = clk() - t0
         t0 = clk()
         # report sections: a changed group's are refreshed when new, on all_groups, else at most
@@ -688,7 +745,7 @@ class ScoreStage:
                 del out[name][g]
         for g in [g for g in drift if g not in plan]:  # gone or folded: a kept flag would fire for ever
             del drift[g]
-        for d in (self._ci_scores, self._ci_at, self._ver, self._scored_since, self._checked_at):
+        for d in (self._ci_scores, self._ci_at, self._ver, self._scored_since, self._checked_at, self._check_skips):
             for key in [k for k in d if k[0] not in plan]:
                 del d[key]
         self._changed -= {g for g in self._changed if self._published_as(g) in groups}
