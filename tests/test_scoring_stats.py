@@ -157,3 +157,31 @@ def test_means_over_tasks_of_columns_are_the_means_of_their_defined_values():
     assert (got[0].value, got[0].n_tasks, got[0].n_trials) == (pytest.approx(0.5), 3, 10)
     assert (got[1].value, got[1].n_tasks, got[1].n_trials) == (pytest.approx(0.5), 2, 8)
     assert math.isnan(got[2].value) and (got[2].n_tasks, got[2].n_trials) == (0, 0)
+
+
+def test_c_res_from_sums_equals_the_exact_cv_on_both_sides_of_int64():
+    """Per-task C_res from (n, Σx, Σx²): exp(−mean CV) with CV = sqrt(var)/|mean| (metrics.md §3),
+    worked out in exact fractions, for tool-call counts whose n·Σx² lies just below 2⁶³ (int64
+    arithmetic) and just above it (Python ints), and for small counts — one task each."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from relyscope.scoring.stats import SUM_COLUMNS, TaskStats, c_res_per_task
+
+    idx = {name: i for i, (name, _) in enumerate(SUM_COLUMNS)}
+    runs = {"beyond": [3_000_000_000, 3_000_000_001, 2_999_999_000],  # 3·Σx² ≈ 8.1e19 > 2⁶³: Python ints
+            "within": [1_000_000_000, 1_000_000_003, 999_999_001],  # 3·Σx² ≈ 9.0e18 < 2⁶³ ≈ 9.22e18: int64
+            "small": [2, 5, 9, 4]}
+    assert 3 * sum(x * x for x in runs["within"]) < 2**63 < 3 * sum(x * x for x in runs["beyond"])
+    ids = sorted(runs)
+    sums = np.zeros((len(ids), len(SUM_COLUMNS)), dtype=object)
+    for i, t in enumerate(ids):
+        xs = runs[t]
+        sums[i, idx["r3_n"]], sums[i, idx["r3_s"]], sums[i, idx["r3_ss"]] = len(xs), sum(xs), sum(x * x for x in xs)
+    got = c_res_per_task(TaskStats(ids, sums))
+    for i, t in enumerate(ids):
+        xs = [Fraction(x) for x in runs[t]]
+        mean = sum(xs) / len(xs)
+        var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+        assert got[i] == pytest.approx(math.exp(-math.sqrt(var) / float(mean)), rel=1e-12), t

@@ -207,6 +207,9 @@ class LiveStats:
         self._win: dict[GroupKey, dict[str, WindowState]] = {}
         #: group → task → [(end_ns, trial_id, actions)] sorted most recent first (ties: trial id)
         self._traj: dict[GroupKey, dict[str, list[tuple[int, str, tuple[str, ...]]]]] = {}
+        #: (action sequences of a task's runs in a window) → (runs, C_traj_d, C_traj_s) computed
+        #: since the last :meth:`apply` (they depend on the runs alone)
+        self._tj_memo: dict[tuple, tuple[int, float, float]] = {}
         self._refill: dict[GroupKey, set[str]] = {}
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         #: consistency checks that found the memory different from ClickHouse (logged, replaced)
@@ -277,6 +280,7 @@ class LiveStats:
         """Fold the contribution rows one sync wrote (already in ClickHouse) into the loaded
         groups' windows; rows of groups not loaded are skipped (a load reads them). Returns the
         groups touched."""
+        self._tj_memo.clear()  # once per cycle: bounded by the tasks one cycle's reads recompute
         by_group: dict[GroupKey, list[list]] = {}
         for r in rows:
             by_group.setdefault((r[0], r[1], r[2]), []).append(r)
@@ -454,19 +458,30 @@ class LiveStats:
         if stale_t.size:
             from relyscope.scorers import metrics as M
 
-            runs = []
-            for r in stale_t.tolist():
+            # C_traj depends on the runs alone: the windows of a group mostly cut a task's sample
+            # at the same place (all M runs), so what one window computed this cycle the next reuses
+            memo = self._tj_memo
+            vals = np.empty((stale_t.size, 3))
+            todo: list[tuple[int, tuple]] = []
+            for j, r in enumerate(stale_t.tolist()):
                 sample = traj.get(ws.tasks[r], ())
                 m = 0
                 for e in sample:  # most recent first: the runs in the window are a prefix
                     if e[0] < since_ns:
                         break
                     m += 1
-                runs.append([e[2] for e in sample[:m]])
-            enc = M.encode_trajectories(runs)
-            ws.tj[stale_t, 0] = [len(x) for x in runs]
-            ws.tj[stale_t, 1] = M.c_traj_d_per_task(enc)
-            ws.tj[stale_t, 2] = M.c_traj_s_per_task(enc)
+                key = tuple(e[2] for e in sample[:m])
+                got = memo.get(key)
+                if got is None:
+                    todo.append((j, key))
+                else:
+                    vals[j] = got
+            if todo:
+                enc = M.encode_trajectories([key for _, key in todo])
+                d, sv = M.c_traj_d_per_task(enc), M.c_traj_s_per_task(enc)
+                for i, (j, key) in enumerate(todo):
+                    vals[j] = memo[key] = (len(key), d[i], sv[i])
+            ws.tj[stale_t] = vals
             ws.tj_ok[stale_t] = True
         tj = ws.tj[rows] if len(rows) else np.zeros((0, 3))
         d, sv, sizes = tj[:, 1].copy(), tj[:, 2].copy(), tj[:, 0].astype(np.int64)

@@ -276,12 +276,16 @@ def _means_over_tasks(per: NDArray[np.float64], n_trials: NDArray[Any]) -> list[
             for j in range(per.shape[1])]
 
 
+_I63: Final = 2**63
+
+
 def c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
     """Per-task C_res ``(n_tasks,)``, NaN where undefined; each task's value depends on its own
     sums alone (metrics.md §3, as :func:`relyscope.scorers.metrics.c_res_per_task`) from the
     exact integer sums: per resource ``CV = sqrt(var) / |mean|``; skipped (NaN) with < 2 values or
     mean = std = 0; +inf (excluded) when mean = 0 < std. The numerator ``n Σx² − (Σx)²`` is
-    formed in exact integers (object arrays: elementwise Python ints, no per-task loop here)."""
+    formed in exact integers: int64 when ``n Σx²`` and ``(Σx)²`` fit in it, else object arrays
+    (elementwise Python ints); no per-task loop either way."""
     nt = len(st.task_ids)
     if not nt:
         return np.zeros(0)
@@ -293,15 +297,24 @@ def c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
             continue
         n = cnt[ok]
         sm = st.col(f"r{r}_s")[ok].astype(object)
-        num = n.astype(object) * st.col(f"r{r}_ss")[ok].astype(object) - sm * sm  # = n(n-1) var, exact; ≥ 0
-        numf = np.array([float(x) for x in num])  # correctly rounded, as Python's int → float
-        smf = np.abs(np.array([float(x) for x in sm]))
+        ss = st.col(f"r{r}_ss")[ok].astype(object)
+        if int(n.max()) * max(abs(int(x)) for x in ss.tolist()) < _I63 and max(abs(int(x)) for x in sm.tolist()) ** 2 < _I63:
+            # the usual case (counts, tokens, short runs): n Σx² and (Σx)² fit in int64, so the
+            # same exact integers in one vectorized pass (int64 → float64 rounds as int → float)
+            smi, ssi = sm.astype(np.int64), ss.astype(np.int64)
+            numi = n * ssi - smi * smi
+            numf, smf = numi.astype(np.float64), np.abs(smi.astype(np.float64))
+            zero, pos = smi == 0, numi > 0
+        else:
+            num = n.astype(object) * ss - sm * sm  # = n(n-1) var, exact; ≥ 0
+            numf = np.array([float(x) for x in num])  # correctly rounded, as Python's int → float
+            smf = np.abs(np.array([float(x) for x in sm]))
+            zero = np.array([x == 0 for x in sm], dtype=bool)
+            pos = np.array([x > 0 for x in num], dtype=bool)
         nf = n.astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             # CV = sqrt(var)/|mean| = sqrt(num / (n (n-1))) * n / |sm|
             v = np.sqrt(numf / (nf * (nf - 1.0))) * nf / smf
-        zero = np.array([x == 0 for x in sm], dtype=bool)
-        pos = np.array([x > 0 for x in num], dtype=bool)
         v = np.where(zero, np.where(pos, np.inf, np.nan), v)
         cv[ok, r] = v
     finite = np.isfinite(cv)
