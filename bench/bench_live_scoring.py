@@ -43,9 +43,11 @@ from relyscope.scoring.stats import NB, N_RES, SUM_COLUMNS  # noqa: E402
 from relyscope.store import Store  # noqa: E402
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
+    """This process's ``field`` of /proc/self/status in MiB: VmRSS (resident), RssAnon (heap,
+    stacks: what allocations hold), RssFile (pages of mapped files, chDB's library code mostly)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -158,8 +160,9 @@ def main() -> None:
         samples.append(rss_mib())
         time.sleep(1.0)
     idle = samples[-1]
+    idle_anon, idle_file = rss_mib("RssAnon"), rss_mib("RssFile")
     print(f"RSS at rest after opening the store (1 s apart): {', '.join(f'{x:.0f}' for x in samples)} MiB "
-          f"→ idle {idle:.0f}", flush=True)
+          f"→ idle {idle:.0f} (anon {idle_anon:.0f}, file {idle_file:.0f})", flush=True)
     if args.tracemalloc:
         import tracemalloc
 
@@ -170,7 +173,8 @@ def main() -> None:
     memory.trim()
     loaded = rss_mib()
     print(f"store {tmp}: first full cycle (load every window, every CI) "
-          f"{first_s:.1f} s; RSS idle {idle:.0f} MiB, after it {loaded:.0f} MiB; settings: ci_interval "
+          f"{first_s:.1f} s; RSS idle {idle:.0f} MiB, after it {loaded:.0f} MiB (anon {rss_mib('RssAnon') - idle_anon:+.0f}, "
+          f"file {rss_mib('RssFile') - idle_file:+.0f}); settings: ci_interval "
           f"{settings.score_ci_interval_s:g} s, ci_every_cycle {settings.score_ci_every_cycle!r}, "
           f"interval {args.interval:g} s (simulated)", flush=True)
     rng = random.Random(1)
@@ -218,14 +222,15 @@ def main() -> None:
         sync_s = stage.phase_s.get("sync", 0.0)
         score_s = time.perf_counter() - t0 - sync_s
         memory.trim()  # the sidecar's Trimmer does this every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s)
-        rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes))
+        rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes, rss_mib("RssAnon"), rss_mib("RssFile")))
         with store._lock:  # chDB's own tracked memory (part of the RSS): not one of the timed statements
             ch_mib = store._ready_client().query(
                 "SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'").result_rows[0][0] / 2**20
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} CI/drift refreshes due; background: {stage.last_background[0]} published, "
               f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending), "
-              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle; chDB tracks {ch_mib:.0f}); "
+              f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle: anon {rows[-1][4] - idle_anon:+.0f}, "
+              f"file {rows[-1][5] - idle_file:+.0f}; chDB tracks {ch_mib:.0f}); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
     if args.tracemalloc:
         snap = tracemalloc.take_snapshot()
