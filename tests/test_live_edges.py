@@ -534,3 +534,37 @@ def test_ranges_stats_reads_several_overlapping_bucket_ranges_at_once(store):
     assert got[(G, 0)].task_ids == ["t0", "t1"]  # trials 0, 4 are t0; 1, 3 are t1
     one = ru.range_stats([G, G2], 1, m[1], m[2] + 60)
     assert same_stats(one[G], got[(G, 1)]) and same_stats(one[G2], got[(G2, 1)])
+
+
+def test_the_intern_table_of_action_sequences_stays_proportional_to_the_samples(store, monkeypatch):
+    """Every run's action sequence is interned (one tuple per distinct sequence); sequences of
+    runs no sample holds any more are dropped when the table doubles past what the samples hold
+    — it used to keep up to 200 000 of them whatever the samples held. Traffic of ever new
+    sequences (every run's action names made unique) through a real sync: the table ends within max(floor, 2 × the
+    samples' distinct sequences), and the samples' tuples are still the table's own."""
+    from relyscope.scoring import live as L
+
+    monkeypatch.setattr(L, "_INTERN_MIN", 50)
+    rng = random.Random(41)
+    now = int(time.time())
+    ru = Rollup(store, POLICY)
+    live = LiveStats(ru, parse_windows("1h,all"))
+    g = ("a", "1.0", "production")
+    for batch in range(10):
+        trials = [dataclasses.replace(make_trial(rng, 100 * batch + i, task=f"t{i % 4}", agent="a",
+                                                 end_ns=(now - 100 + batch * 5 + i % 5) * 10**9),
+                                      status="complete", outcome="success", perturbation_family=None)
+                  for i in range(100)]
+        trials = [dataclasses.replace(t, steps=tuple(dataclasses.replace(st, action=f"{st.action}{100 * batch + i}")
+                                                     for st in t.steps)) for i, t in enumerate(trials)]
+        store.insert_trials(trials)
+        ru.sync()
+        if not live.loaded(g):
+            live.load(g, now)
+        else:
+            live.apply(ru.rows)
+        ru.rows = []
+    kept = {e[2] for runs in live._traj[g].values() for e in runs}
+    assert len(kept) == 4 * ru.traj_sample  # the M most recent runs of each of the 4 tasks, all distinct
+    assert len(live._interned) <= max(50, 2 * len(kept)) + 1
+    assert all(live._interned[e[2]] is e[2] for runs in live._traj[g].values() for e in runs)

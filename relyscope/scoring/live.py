@@ -58,6 +58,9 @@ _R_Q, _R_Y, _R_ACT, _R_TRAJ, _R_SIGN = (_R_SUMS + _NCOL + i for i in range(5))
 _R_TID: Final = 3
 
 
+#: distinct action sequences the intern table may hold before its first rebuild
+_INTERN_MIN: Final = 10_000
+
 #: WindowState's arrays with one row per task (grown and compacted together)
 _ROW_ARRAYS: Final = ("ints", "flts", "bigs", "cres", "cres_ok", "tj", "tj_ok")
 
@@ -212,6 +215,7 @@ class LiveStats:
         self._tj_memo: dict[tuple, tuple[int, float, float]] = {}
         self._refill: dict[GroupKey, set[str]] = {}
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._intern_cap = _INTERN_MIN
         #: consistency checks that found the memory different from ClickHouse (logged, replaced)
         self.mismatches = 0
 
@@ -264,8 +268,12 @@ class LiveStats:
         return out
 
     def _intern(self, actions: tuple[str, ...]) -> tuple[str, ...]:
-        if len(self._interned) > 200_000:
-            self._interned.clear()
+        """One tuple per distinct action sequence across the samples. The table also keeps the
+        sequences of runs since dropped from every sample: when it doubles past what the samples
+        hold it is rebuilt from them, so it stays proportional to the samples, not the traffic."""
+        if len(self._interned) > self._intern_cap:
+            self._interned = {e[2]: e[2] for traj in self._traj.values() for runs in traj.values() for e in runs}
+            self._intern_cap = max(_INTERN_MIN, 2 * len(self._interned))
         return self._interned.setdefault(actions, actions)
 
     def load(self, group: GroupKey, now_s: float) -> None:
