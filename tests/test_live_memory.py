@@ -749,26 +749,26 @@ def test_background_consistency_checks_repair_a_difference_next_cycle_and_give_n
         stage.rescore()
         jobs = dict(stage._check_jobs)
         assert {(g, w) for w, _ in WINDOWS} <= set(jobs)  # none checked inside the cycle
-        assert all(f.result(timeout=60) is True for f in jobs.values())
+        assert all(f.result(timeout=60) is True for f, _ in jobs.values())
 
         live.window(g, "all").ints[0, 0] += 1  # a lost update
         more()
         stage.rescore()
-        assert stage._check_jobs[(g, "all")].result(timeout=60) is False
+        assert stage._check_jobs[(g, "all")][0].result(timeout=60) is False
         assert live.mismatches == 0  # found on the CI thread; repaired by the cycle
         more()
         stage.rescore()
         assert live.mismatches == 1
         assert same_stats(live.stats(g, "all"), stage.rollup().window_stats(g, 0, None), pooled=True)
-        for f in stage._check_jobs.values():
+        for f, _ in stage._check_jobs.values():
             f.result(timeout=60)
 
         for skips in (1, 2):
             gate = threading.Event()
-            stage._ci_pool.submit(gate.wait, 60)  # holds the CI thread until the sync below
+            stage._check_pool.submit(gate.wait, 60)  # holds the check thread until the sync below
             more()
             stage.rescore()
-            fut = stage._check_jobs[(g, "all")]
+            fut = stage._check_jobs[(g, "all")][0]
             more()
             stage.rollup().sync()  # between the copy of the memory and the read
             gate.set()
@@ -777,9 +777,49 @@ def test_background_consistency_checks_repair_a_difference_next_cycle_and_give_n
             stage.rescore()
             if skips == 1:
                 assert stage._check_skips[(g, "all")] == 1 and (g, "all") in stage._check_jobs
-                stage._check_jobs.pop((g, "all")).result(timeout=60)
+                stage._check_jobs.pop((g, "all"))[0].result(timeout=60)
         assert (g, "all") not in stage._check_jobs and (g, "all") not in stage._check_skips  # in the cycle
         assert live.mismatches == 1
+        assert same_stats(live.stats(g, "all"), stage.rollup().window_stats(g, 0, None), pooled=True)
+
+        stage.close()  # a cycle after close checks inside the cycle (no pool takes work any more)
+        more()
+        stage.rescore()
+        assert not stage._check_jobs
+    finally:
+        stage.close()
+        store.close()
+
+
+def test_a_difference_found_in_the_background_stays_due_when_its_recheck_fails(chdb_path):
+    """The cycle after a background check found a difference re-checks the window; if that read
+    fails (ClickHouse table away) the re-check stays due — the next cycle repairs it — instead of
+    the window counting as checked until its next periodic check an interval later."""
+    store = Store(f"chdb://{chdb_path}", database="f" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(37)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", outcome="success" if i % 3 else "failure") for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, live_check_interval_s=0.001,
+                        store=f"chdb://{chdb_path}")
+    stage = ScoreStage(settings, store, None)
+    g = ("a", "1.0", "production")
+    try:
+        stage.rescore(all_groups=True)
+        live = stage.live()
+        live.window(g, "all").ints[0, 0] += 1  # a lost update
+        store.insert_trials([dataclasses.replace(base[0], trial_id="f1", trace_id=f"{9800:032x}",
+                                                 end_ns=int((now_s - 5) * 1e9))])
+        stage.rescore()
+        assert stage._check_jobs[(g, "all")][0].result(timeout=60) is False
+        store.query("RENAME TABLE {db}.conf_stats TO {db}.conf_stats_away")
+        with pytest.raises(Exception):
+            stage.rescore()  # nothing new to sync: the re-check's read is what fails
+        store.query("RENAME TABLE {db}.conf_stats_away TO {db}.conf_stats")
+        assert (g, "all") in stage._recheck and live.mismatches == 0
+        stage.rescore()
+        assert live.mismatches == 1 and not stage._recheck
         assert same_stats(live.stats(g, "all"), stage.rollup().window_stats(g, 0, None), pooled=True)
     finally:
         stage.close()

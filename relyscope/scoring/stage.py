@@ -160,15 +160,23 @@ class ScoreStage:
         self._ci_pool: concurrent.futures.ThreadPoolExecutor | None = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relyscope-ci")
             if settings.score_ci_background and settings.incremental_scoring else None)
+        #: background consistency checks: their own thread, so a check runs as soon as a cycle
+        #: ends instead of queueing behind refreshes (a read after the next sync has no verdict)
+        self._check_pool: concurrent.futures.ThreadPoolExecutor | None = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="relyscope-check")
+            if self._ci_pool is not None else None)
         #: background refreshes published by the last rescore, and the seconds they took
         self.last_background = (0, 0.0)
         self._checked_at: dict[tuple[GroupKey, str], float] = {}
         self._review_dirty: set[GroupKey] = set()  # changed since their report sections were made
         self._check_credit = 0.0
         self._check_clock = 0.0
-        #: consistency checks on the CI thread: (group, window) → future of a bool (agreed) or
-        #: None (a sync came between the snapshot and the read: no verdict)
-        self._check_jobs: dict[tuple[GroupKey, str], concurrent.futures.Future] = {}
+        #: background consistency checks: (group, window) → (future of a bool (agreed) or None
+        #: (a sync came between the snapshot and the read: no verdict), submitted at)
+        self._check_jobs: dict[tuple[GroupKey, str], tuple[concurrent.futures.Future, float]] = {}
+        #: windows a background check found different from ClickHouse: checked again (and
+        #: reloaded) inside the next cycles until a re-check succeeds
+        self._recheck: set[tuple[GroupKey, str]] = set()
         #: (group, window) → checks in a row that gave no verdict (the next one runs in the cycle)
         self._check_skips: dict[tuple[GroupKey, str], int] = {}
         self._drift_ref = parse_windows(settings.drift_reference)[0][1]
@@ -207,8 +215,9 @@ class ScoreStage:
     def close(self) -> None:
         """Stop the background CI thread (a refresh under way is abandoned, not waited for)."""
         self._closed = True
-        if self._ci_pool is not None:
-            self._ci_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._ci_pool, self._check_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- background CI refreshes ----------------------------------------------------------------
     def _wait_between_cycles(self) -> None:
@@ -511,11 +520,11 @@ class ScoreStage:
                 continue
             self._check_credit -= 1
             g, name = key
-            if background and self._ci_pool is not None and self._check_skips.get(key, 0) < 2:
+            if background and self._check_pool is not None and not self._closed and self._check_skips.get(key, 0) < 2:
                 ru = self.rollup()
                 ws = live.window(g, name)
-                self._check_jobs[key] = self._ci_pool.submit(
-                    self._check_job, ru, g, ws.since, ws.length, ws.pooled, live.stats(g, name), ru.syncs)
+                self._check_jobs[key] = (self._check_pool.submit(
+                    self._check_job, ru, g, ws.since, ws.length, ws.pooled, live.stats(g, name), ru.syncs), now)
             else:
                 live.check(g, name, now)
                 self._check_skips.pop(key, None)
@@ -536,8 +545,9 @@ class ScoreStage:
 
     def _collect_checks(self, live: LiveStats, now: float) -> None:
         """The background checks that finished: a difference is checked again (and the window
-        reloaded) now; no verdict or a failure leaves the window due again."""
-        for key, fut in list(self._check_jobs.items()):
+        reloaded) now; no verdict or a failure leaves the window due again, and gives back the
+        check's share of the budget (``live_check_interval_s`` counts verdicts)."""
+        for key, (fut, submitted) in list(self._check_jobs.items()):
             if not fut.done():
                 continue
             del self._check_jobs[key]
@@ -547,15 +557,23 @@ class ScoreStage:
             except Exception:  # noqa: BLE001 - e.g. the store went down: due again
                 log.exception("background consistency check of %s %s failed", g, name)
                 ok = None
+            fresher = self._checked_at.get(key, 0.0) != submitted  # checked (or reloaded) since
             if ok is None:
                 self._check_skips[key] = self._check_skips.get(key, 0) + 1
-                self._checked_at[key] = 0.0
+                if not fresher:
+                    self._checked_at[key] = 0.0
+                    self._check_credit += 1
                 continue
             self._check_skips.pop(key, None)
-            if not ok and live.find(g, name) is not None:
+            if not ok:
                 log.info("background check of %s window %s found a difference: checking it again", g, name)
+                self._recheck.add(key)
+        for key in sorted(self._recheck):  # until a re-check succeeds (a failed read raises: kept)
+            g, name = key
+            if live.find(g, name) is not None:
                 live.check(g, name, now)
                 self._checked_at[key] = now
+            self._recheck.discard(key)
 
     def _rescore_incremental(self, all_groups: bool) -> dict[GroupKey, GroupScore]:
         """Fold the changes since the last cycle into the rollups and into the in-memory window
@@ -599,7 +617,7 @@ class ScoreStage:
         out = {name: dict(self.window_scores.get(name, {})) for name, _ in self.windows}
         drift = dict(self.drift)
         rows: list[dict] = self._collect_ci_jobs(out, drift)
-        background = self._ci_pool is not None and not all_groups
+        background = self._ci_pool is not None and not all_groups and not self._closed
         for g in list(live.groups()):
             if g not in plan or plan[g] is not None:
                 live.drop(g)  # gone, or folded into 'other' (scored from ClickHouse)

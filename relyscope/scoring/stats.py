@@ -284,8 +284,8 @@ def c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
     sums alone (metrics.md §3, as :func:`relyscope.scorers.metrics.c_res_per_task`) from the
     exact integer sums: per resource ``CV = sqrt(var) / |mean|``; skipped (NaN) with < 2 values or
     mean = std = 0; +inf (excluded) when mean = 0 < std. The numerator ``n Σx² − (Σx)²`` is
-    formed in exact integers: int64 when ``n Σx²`` and ``(Σx)²`` fit in it, else object arrays
-    (elementwise Python ints); no per-task loop either way."""
+    formed in exact integers: int64 when ``n Σx²`` and ``(Σx)²`` fit in it (and ``Σx² ≥ 0``),
+    else object arrays (elementwise Python ints)."""
     nt = len(st.task_ids)
     if not nt:
         return np.zeros(0)
@@ -298,7 +298,8 @@ def c_res_per_task(st: TaskStats) -> NDArray[np.float64]:
         n = cnt[ok]
         sm = st.col(f"r{r}_s")[ok].astype(object)
         ss = st.col(f"r{r}_ss")[ok].astype(object)
-        if int(n.max()) * max(abs(int(x)) for x in ss.tolist()) < _I63 and max(abs(int(x)) for x in sm.tolist()) ** 2 < _I63:
+        ssl, sml = ss.tolist(), sm.tolist()
+        if min(ssl) >= 0 and int(n.max()) * max(ssl) < _I63 and max(max(sml), -min(sml)) ** 2 < _I63:
             # the usual case (counts, tokens, short runs): n Σx² and (Σx)² fit in int64, so the
             # same exact integers in one vectorized pass (int64 → float64 rounds as int → float)
             smi, ssi = sm.astype(np.int64), ss.astype(np.int64)
