@@ -717,6 +717,21 @@ def test_a_background_refresh_waits_out_a_cycle_between_bootstrap_chunks(chdb_pa
         store.close()
 
 
+def _checked_every_cycle(chdb_path: str, prefix: str, seed: int):
+    """A store of 60 trials of agent "a" over 6 tasks (a third failures) and a stage that checks
+    every window every cycle (``live_check_interval_s`` 1 ms, background on): store, stage, the
+    trials, the clock they were made at."""
+    store = Store(f"chdb://{chdb_path}", database=prefix + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(seed)
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
+                                status="complete", outcome="success" if i % 3 else "failure") for i in range(60)]
+    store.insert_trials(base)
+    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, live_check_interval_s=0.001,
+                        store=f"chdb://{chdb_path}")
+    return store, ScoreStage(settings, store, None), base, now_s
+
+
 def test_background_consistency_checks_repair_a_difference_next_cycle_and_give_no_verdict_across_a_sync(chdb_path):
     """RELYSCOPE_SCORE_CI_BACKGROUND: a due consistency check compares a copy of the window's
     memory with ClickHouse on the CI thread. A lost update in memory is found there and the next
@@ -725,12 +740,7 @@ def test_background_consistency_checks_repair_a_difference_next_cycle_and_give_n
     window is checked inside the cycle."""
     import threading
 
-    store = Store(f"chdb://{chdb_path}", database="k" + uuid.uuid4().hex[:10])
-    now_s = time.time()
-    rng = random.Random(31)
-    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
-                                status="complete", outcome="success" if i % 3 else "failure") for i in range(60)]
-    store.insert_trials(base)
+    store, stage, base, now_s = _checked_every_cycle(chdb_path, "k", 31)
     n = [0]
 
     def more():  # one new trial per cycle: every group changes, every window is due a check
@@ -738,9 +748,6 @@ def test_background_consistency_checks_repair_a_difference_next_cycle_and_give_n
         store.insert_trials([dataclasses.replace(base[0], trial_id=f"k{n[0]}", trace_id=f"{9700 + n[0]:032x}",
                                                  end_ns=int((now_s - 5) * 1e9))])
 
-    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, live_check_interval_s=0.001,
-                        store=f"chdb://{chdb_path}")
-    stage = ScoreStage(settings, store, None)
     g = ("a", "1.0", "production")
     try:
         stage.rescore(all_groups=True)
@@ -755,7 +762,7 @@ def test_background_consistency_checks_repair_a_difference_next_cycle_and_give_n
         more()
         stage.rescore()
         assert stage._check_jobs[(g, "all")][0].result(timeout=60) is False
-        assert live.mismatches == 0  # found on the CI thread; repaired by the cycle
+        assert live.mismatches == 0  # found on the check thread; repaired by the cycle
         more()
         stage.rescore()
         assert live.mismatches == 1
@@ -795,15 +802,7 @@ def test_a_difference_found_in_the_background_stays_due_when_its_recheck_fails(c
     """The cycle after a background check found a difference re-checks the window; if that read
     fails (ClickHouse table away) the re-check stays due — the next cycle repairs it — instead of
     the window counting as checked until its next periodic check an interval later."""
-    store = Store(f"chdb://{chdb_path}", database="f" + uuid.uuid4().hex[:10])
-    now_s = time.time()
-    rng = random.Random(37)
-    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 6}", end_ns=int((now_s - 30 - i) * 1e9), agent="a"),
-                                status="complete", outcome="success" if i % 3 else "failure") for i in range(60)]
-    store.insert_trials(base)
-    settings = Settings(n_boot=N_BOOT, score_ci_interval_s=3600, live_check_interval_s=0.001,
-                        store=f"chdb://{chdb_path}")
-    stage = ScoreStage(settings, store, None)
+    store, stage, base, now_s = _checked_every_cycle(chdb_path, "f", 37)
     g = ("a", "1.0", "production")
     try:
         stage.rescore(all_groups=True)

@@ -501,10 +501,11 @@ class ScoreStage:
         """The periodic consistency check: compare the stalest in-memory windows with the
         rollups (each at least every ``live_check_interval_s``, spread over the cycles).
 
-        ``background``: the comparison runs on the CI thread (:meth:`_check_job`) from a copy of
-        the window's memory taken now, so the cycle pays the copy, not the ClickHouse read; a
-        window it finds different is checked again — and reloaded — inside the next cycle. A
-        window whose background check gave no verdict twice in a row is checked in the cycle."""
+        ``background`` (a check thread exists and the stage is open): the comparison runs on
+        the check thread (:meth:`_check_job`) from a copy of the window's memory taken now, so the
+        cycle pays the copy, not the ClickHouse read; a window it finds different is checked
+        again — and reloaded — inside the next cycle. A window whose background check gave no
+        verdict twice in a row is checked in the cycle."""
         self._collect_checks(live, now)
         keys = [(g, name) for g in live.groups() if g in groups for name, _ in live._windows_of(g)]
         if not keys:
@@ -520,7 +521,7 @@ class ScoreStage:
                 continue
             self._check_credit -= 1
             g, name = key
-            if background and self._check_pool is not None and not self._closed and self._check_skips.get(key, 0) < 2:
+            if background and self._check_skips.get(key, 0) < 2:
                 ru = self.rollup()
                 ws = live.window(g, name)
                 self._check_jobs[key] = (self._check_pool.submit(
