@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,9 +21,29 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["SidecarProc", "start_sidecar", "wait_for_replays", "RELYSCOPE_BIN"]
+__all__ = ["SidecarProc", "free_ports", "start_sidecar", "wait_for_replays", "RELYSCOPE_BIN"]
 
 RELYSCOPE_BIN = Path(sys.executable).parent / "relyscope"
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct loopback TCP ports that were free a moment ago.
+
+    All ``n`` sockets stay bound until every port is chosen, so the kernel cannot hand out the
+    same port twice (it may, if each probe socket is closed before the next bind). A port can still
+    be taken by another process before the caller binds it; callers that cannot retry should have
+    the server bind port 0 and report its port instead.
+    """
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass

@@ -19,8 +19,8 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relyscope.testing import RELYSCOPE_BIN, start_sidecar
-from tests.test_shadow_e2e import ROOT, Agent, _ports_env, free_port, replay_and_wait, run_production
+from relyscope.testing import RELYSCOPE_BIN, free_ports, start_sidecar
+from tests.test_shadow_e2e import ROOT, Agent, _ports_env, replay_and_wait, run_production
 
 CONFIGURED = """\
 min_tasks: 10
@@ -37,7 +37,7 @@ CONFIGURED_METRICS = {"success_rate", "pass^3", "C_out", "R_Rob", "R_fault", "R_
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gatepol")
     (tmp / "configured.yaml").write_text(CONFIGURED)
-    port = free_port()
+    (port,) = free_ports()
     sc = start_sidecar(tmp / "sc", extra_env=_ports_env(
         {"1.0": port}, RELYSCOPE_SHADOW_K="3", RELYSCOPE_SHADOW_FAMILIES='["nominal"]',
         RELYSCOPE_GATE_POLICY_FILE=str(tmp / "configured.yaml")))

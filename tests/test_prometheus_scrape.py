@@ -15,7 +15,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import httpx
 import pytest
 
 from conftest import start_sidecar
+from relyscope.testing import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "alerts" / "relyscope-rules.yml"
@@ -61,12 +61,6 @@ def prometheus_binaries() -> tuple[str, str]:
             pytest.fail(msg)
         pytest.skip(msg)
     return prom, tool
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -122,7 +116,7 @@ def start_prometheus(workdir: Path, targets: list[str], *, rule_files: list[Path
         + f"    static_configs:\n      - targets: [{', '.join(repr(t) for t in targets)}]\n")
     last = ""
     for _attempt in range(3):  # the free port may be taken between probe and bind: retry
-        port = _free_port()
+        (port,) = free_ports()
         log = workdir / f"prometheus-{port}.log"
         with log.open("w") as fh:
             proc = subprocess.Popen(

@@ -28,16 +28,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from grpc import Compression as GrpcCompression
 
+from relyscope.testing import free_ports
+
 rotel = pytest.importorskip("rotel")
 ROTEL_AGENT = Path(rotel.__file__).parent / "rotel-agent"
 
 N_RUNS = 8  # agent runs per test; 3 spans each (agent root, model call, tool call)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 20) -> None:
@@ -57,7 +53,7 @@ class Rotel:
     """``rotel-agent start`` in the foreground (its own PID; stopped with SIGTERM, then SIGKILL)."""
 
     def __init__(self, workdir: Path, endpoint: str, protocol: str):
-        self.grpc_port, self.http_port = _free_port(), _free_port()
+        self.grpc_port, self.http_port = free_ports(2)
         args = [str(ROTEL_AGENT), "start",
                 "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
                 "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",

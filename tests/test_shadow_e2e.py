@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -16,15 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relyscope.testing import RELYSCOPE_BIN, start_sidecar, wait_for_replays
+from relyscope.testing import RELYSCOPE_BIN, free_ports, start_sidecar, wait_for_replays
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Agent:
@@ -96,7 +91,7 @@ class World:
 @contextlib.contextmanager
 def world(tmp_path: Path, versions: tuple[str, ...] = ("1.0",), **env):
     """Start the sidecar (shadow settings ``env``); stop every agent and the sidecar at the end."""
-    ports = {v: free_port() for v in versions}
+    ports = dict(zip(versions, free_ports(len(versions)), strict=True))
     w = World(start_sidecar(tmp_path, extra_env=_ports_env(ports, **env)), tmp_path / "effects.log", ports)
     try:
         yield w
@@ -110,7 +105,7 @@ def world(tmp_path: Path, versions: tuple[str, ...] = ("1.0",), **env):
 def nominal_env(tmp_path_factory):
     """Production runs of 2 tasks × 2, then nominal replays (K = 3) against the same version."""
     tmp = tmp_path_factory.mktemp("shadow_nominal")
-    port = free_port()
+    (port,) = free_ports()
     sc = start_sidecar(tmp, extra_env=_ports_env({"1.0": port}, RELYSCOPE_SHADOW_K="3",
                                                   RELYSCOPE_SHADOW_FAMILIES='["nominal"]'))
     effects = tmp / "effects.log"
@@ -249,9 +244,9 @@ def test_a_side_effect_production_never_made_is_graded_not_excluded(tmp_path):
 
 _SILENT = """
 import socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(16)
-print("listening", flush=True)
+s = socket.socket()
+s.bind(("127.0.0.1", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
 conns = []
 t0 = time.monotonic()
 while time.monotonic() - t0 < 120:   # bounded: accepts and never answers
@@ -259,29 +254,43 @@ while time.monotonic() - t0 < 120:   # bounded: accepts and never answers
 """
 
 
+def _bound_port(proc: subprocess.Popen, pattern: str) -> int:
+    """The port a server started on port 0 reports on its first matching stdout line."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"server exited {proc.poll()} before reporting its port")
+        if m := re.search(pattern, line):
+            return int(m.group(1))
+    raise RuntimeError("server did not report its port within 30 s")
+
+
 def test_bad_targets_get_clear_statuses_and_touch_no_production_data(tmp_path):
     """A target that is down, one that answers garbage (a plain HTTP file server) and one that
-    never answers: each replay ends error / error / timeout with the reason; production is intact."""
-    down, garbage, silent = free_port(), free_port(), free_port()
-    sc = start_sidecar(tmp_path, extra_env=_ports_env(
-        {"3.0": down, "4.0": garbage, "5.0": silent}, RELYSCOPE_SHADOW_K="1",
-        RELYSCOPE_SHADOW_FAMILIES='["nominal"]', RELYSCOPE_SHADOW_REPLAY_TIMEOUT_S="2",
-        RELYSCOPE_SHADOW_CONCURRENCY="3"))
-    effects = tmp_path / "effects.log"
-    procs = []
+    never answers: each replay ends error / error / timeout with the reason; production is intact.
+
+    Every port is held before the sidecar binds its own: the two servers bind port 0 and report it,
+    and the down target is a socket bound but not listening (connections to it are refused), so no
+    other process can be handed one of them (CI once saw the file server answer on the "down" port)."""
+    procs = [subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1",
+                               "--directory", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True),
+             subprocess.Popen([sys.executable, "-c", _SILENT], stdout=subprocess.PIPE, text=True)]
+    down_sock = socket.socket()
+    sc = None
     try:
+        down_sock.bind(("127.0.0.1", 0))
+        down = down_sock.getsockname()[1]
+        garbage = _bound_port(procs[0], r"port (\d+)")
+        silent = _bound_port(procs[1], r"^(\d+)$")
+        sc = start_sidecar(tmp_path, extra_env=_ports_env(
+            {"3.0": down, "4.0": garbage, "5.0": silent}, RELYSCOPE_SHADOW_K="1",
+            RELYSCOPE_SHADOW_FAMILIES='["nominal"]', RELYSCOPE_SHADOW_REPLAY_TIMEOUT_S="2",
+            RELYSCOPE_SHADOW_CONCURRENCY="3"))
+        effects = tmp_path / "effects.log"
         run_production(sc, effects, tasks=1, runs=1)
         prod_before = sc.trials(run_kind="production")
-        procs.append(subprocess.Popen([sys.executable, "-m", "http.server", str(garbage), "--bind", "127.0.0.1",
-                                       "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        procs.append(subprocess.Popen([sys.executable, "-c", _SILENT, str(silent)], stdout=subprocess.PIPE, text=True))
-        procs[-1].stdout.readline()
-        for _ in range(100):  # the file server is up
-            try:
-                httpx.get(f"http://127.0.0.1:{garbage}/", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         ids = replay_and_wait(sc, [prod_before[0]["trial_id"]], timeout_s=60)
         rows = {r["target_version"]: r for r in (sc.get(f"/api/v1/shadow/replays/{i}").json() for i in ids)}
         assert rows["3.0"]["status"] == "error" and "unreachable" in rows["3.0"]["error"]
@@ -290,10 +299,12 @@ def test_bad_targets_get_clear_statuses_and_touch_no_production_data(tmp_path):
         assert sc.trials(run_kind="production") == prod_before
         assert sc.trials(run_kind="shadow") == []
     finally:
+        down_sock.close()
         for p in procs:
             p.terminate()
             p.wait(10)
-        sc.kill()
+        if sc is not None:
+            sc.kill()
 
 
 def test_replay_api_refuses_mistakes(nominal_env):
@@ -404,8 +415,9 @@ def test_replays_cut_off_by_a_kill_are_rerun_once_and_counted_once(tmp_path):
     and every replay counts exactly once (the cut-off attempt's trial is dropped)."""
     import signal
 
-    fixed = {"RELYSCOPE_OTLP_GRPC": f"127.0.0.1:{free_port()}", "RELYSCOPE_OTLP_HTTP": f"127.0.0.1:{free_port()}",
-             "RELYSCOPE_API": f"127.0.0.1:{free_port()}"}  # the agent keeps exporting to the restarted sidecar
+    grpc, http, api = free_ports(3)
+    fixed = {"RELYSCOPE_OTLP_GRPC": f"127.0.0.1:{grpc}", "RELYSCOPE_OTLP_HTTP": f"127.0.0.1:{http}",
+             "RELYSCOPE_API": f"127.0.0.1:{api}"}  # the agent keeps exporting to the restarted sidecar
     with world(tmp_path, ("1.0",), RELYSCOPE_SHADOW_K="6", RELYSCOPE_SHADOW_FAMILIES='["nominal"]',
                RELYSCOPE_SHADOW_CONCURRENCY="1", **fixed) as w:
         sc, effects = w.sc, w.effects

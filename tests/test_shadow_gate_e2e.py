@@ -13,7 +13,8 @@ import time
 import pytest
 
 from relyscope.testing import RELYSCOPE_BIN, start_sidecar
-from tests.test_shadow_e2e import ROOT, Agent, _ports_env, free_port, replay_and_wait, run_production
+from relyscope.testing import free_ports
+from tests.test_shadow_e2e import ROOT, Agent, _ports_env, replay_and_wait, run_production
 
 POLICY = """\
 agent: refund-agent
@@ -38,7 +39,7 @@ rules:
 def gated(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gate")
     (tmp / "policy.yaml").write_text(POLICY)
-    ports = {"1.0": free_port(), "1.1": free_port(), "2.0": free_port()}
+    ports = dict(zip(("1.0", "1.1", "2.0"), free_ports(3), strict=True))
     sc = start_sidecar(tmp / "sc", extra_env=_ports_env(
         ports, RELYSCOPE_SHADOW_K="3", RELYSCOPE_SHADOW_FAMILIES='["nominal"]', RELYSCOPE_SHADOW_CONCURRENCY="4",
         RELYSCOPE_POLICY_FILE=str(tmp / "policy.yaml")))
