@@ -165,6 +165,31 @@ def test_rollups_made_with_int128_squares_are_widened_at_start(store):
     check(store, live, [G], now)
 
 
+def test_bucket_rollups_of_an_earlier_store_get_small_compressed_blocks_at_start(store):
+    """The bucket rollups are read one bucket per group and part at each window slide; with
+    ClickHouse's default compressed blocks (64 KiB: 8 granules) every such read decompressed 8×
+    what it used. New stores make them with 4 KiB-minimum blocks; a store an earlier version made
+    (no such settings) gets them when the rollup starts, once, and folds and checks as before."""
+    def ddl():
+        return dict(store.query("SELECT name, create_table_query FROM system.tables WHERE database = %(d)s "
+                                "AND name IN ('task_stats', 'conf_stats')", {"d": store.db}))
+
+    Rollup(store, POLICY)
+    for name, text in ddl().items():
+        assert "min_compress_block_size = 4096" in text and "max_compress_block_size = 65536" in text, name
+        store.query(f"ALTER TABLE {{db}}.{name} RESET SETTING min_compress_block_size, max_compress_block_size")
+    assert not any("min_compress_block_size" in t for t in ddl().values())  # as an earlier version made them
+    now = time.time()
+    rng = random.Random(5)
+    ru, live = start(store, [_plain(rng, i, now, task=f"t{i % 4}") for i in range(24)], [G], now)
+    for name, text in ddl().items():
+        assert "min_compress_block_size = 4096" in text and "max_compress_block_size = 65536" in text, name
+    from relyscope.scoring.rollup import _small_blocks
+
+    assert _small_blocks(store) == []  # already set: no second ALTER
+    check(store, live, [G], now)
+
+
 def test_an_outcome_posted_after_the_clock_stepped_back_reaches_the_live_scores(chdb_path, monkeypatch):
     """POST /api/v1/outcomes stores the outcome stamped with the wall clock; the rollup found
     posted outcomes by that stamp (after its watermark minus 30 s), so once the clock had stepped
