@@ -228,7 +228,8 @@ def main() -> None:
                 "SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'").result_rows[0][0] / 2**20
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} CI/drift refreshes due; background: {stage.last_background[0]} published, "
-              f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending), "
+              f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending; window slides read ahead "
+              f"so far {stage.slides_read_ahead}), "
               f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle: anon {rows[-1][4] - idle_anon:+.0f}, "
               f"file {rows[-1][5] - idle_file:+.0f}; chDB tracks {ch_mib:.0f}); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)

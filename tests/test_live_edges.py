@@ -165,6 +165,59 @@ def test_rollups_made_with_int128_squares_are_widened_at_start(store):
     check(store, live, [G], now)
 
 
+def _spread(rng, now, n=48):
+    """``n`` runs over 4 tasks ending every 10 s back from ``now - 5``, and 6 ending just inside
+    the last hour: every minute-level window has buckets to leave at the next minutes."""
+    return ([_plain(rng, i, now, task=f"t{i % 4}", end_ns=int((now - 5 - 10 * i) * 1e9)) for i in range(n)]
+            + [_plain(rng, 900 + i, now, task=f"t{i % 4}", end_ns=int((now - 3590 + 15 * i) * 1e9)) for i in range(6)])
+
+
+def test_window_slides_read_ahead_then_made_before_a_later_sync_match_the_rollups(store):
+    """The buckets the windows leave by a later clock are read ahead (the scoring stage does it
+    on its check thread between cycles); a sync then stores a late run ending in a bucket being
+    left and a new one. Made from that read before the sync's rows are applied, the slides give
+    the memory ClickHouse and the batch scorer give: the late run's row is skipped by the windows
+    it is before, as for any row before a window's start."""
+    now = time.time()
+    rng = random.Random(6)
+    ru, live = start(store, _spread(rng, now), [G], now)
+    later = now + 130
+    plan = live.slide_plan([G], later)
+    assert {"5m", "1h"} <= {p[1] for p in plan}
+    gone = live.read_slides(plan)
+    assert sum(st.sums[:, 0].sum() for st in gone) > 0  # the buckets left hold runs
+    since5 = window_start(now, 300)
+    store.insert_trials([_plain(rng, 500, now, task="t1", end_ns=(since5 + 5) * 10**9),
+                         _plain(rng, 501, now, task="t2", end_ns=int((later - 3) * 1e9))])
+    ru.sync()
+    assert live.slide_from(plan, gone, later) == len(plan)
+    live.apply(ru.rows)
+    ru.rows = []
+    assert live.advance_all([G], later) == {}  # nothing left to slide
+    check(store, live, [G], later)
+
+
+def test_window_slides_read_ahead_are_not_made_on_a_window_changed_since(store):
+    """A read ahead describes the windows as they were: once a window changed (rows applied,
+    reloaded) or its clock starts it elsewhere, its planned slide is not made from it and the
+    ordinary slide (a read of its own) is; every window then matches the rollups and the batch
+    scorer."""
+    now = time.time()
+    rng = random.Random(7)
+    ru, live = start(store, _spread(rng, now), [G], now)
+    later = now + 130
+    plan = live.slide_plan([G], later)
+    gone = live.read_slides(plan)
+    since5 = window_start(now, 300)
+    store.insert_trials([_plain(rng, 600, now, task="t3", end_ns=(since5 + 5) * 10**9)])
+    sync(ru, live)  # applied first: the 5m and 1h windows changed since the read
+    assert live.slide_from(plan, gone, now) == 0  # a clock before the planned starts: none made
+    made = live.slide_from(plan, gone, later)
+    assert made == len([p for p in plan if p[1] not in ("5m", "1h")])
+    assert {"5m", "1h"} <= set(live.advance_all([G], later)[G])
+    check(store, live, [G], later)
+
+
 def test_bucket_rollups_of_an_earlier_store_get_small_compressed_blocks_at_start(store):
     """The bucket rollups are read one bucket per group and part at each window slide; with
     ClickHouse's default compressed blocks (64 KiB: 8 granules) every such read decompressed 8×

@@ -823,3 +823,73 @@ def test_a_difference_found_in_the_background_stays_due_when_its_recheck_fails(c
     finally:
         stage.close()
         store.close()
+
+
+class _Clock:
+    """``time`` for the scoring stage only, ``offset`` seconds ahead of the real clock."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_cycles_slide_their_windows_from_the_buckets_read_after_the_last_cycle(chdb_path, monkeypatch):
+    """RELYSCOPE_SCORE_CI_BACKGROUND: after a cycle, the check thread reads the buckets the
+    windows will leave by the next one (its clock guessed one cycle step ahead); the next cycle
+    slides them from that read instead of reading them itself. The windows then equal the rollups
+    at their starts (every window, every cycle), and a sync that comes between a read and the
+    cycle (here a direct one) makes that cycle read for itself."""
+    import relyscope.scoring.stage as stage_mod
+
+    store = Store(f"chdb://{chdb_path}", database="s" + uuid.uuid4().hex[:10])
+    now_s = time.time()
+    rng = random.Random(41)
+    g = ("a", "1.0", "production")
+    base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 4}", end_ns=int((now_s - 5 - 10 * i) * 1e9), agent="a"),
+                                status="complete", outcome="success" if i % 3 else "failure") for i in range(48)]
+    store.insert_trials(base)
+    clock = _Clock()
+    monkeypatch.setattr(stage_mod, "time", clock)
+    stage = ScoreStage(Settings(n_boot=N_BOOT, score_ci_interval_s=3600, live_check_interval_s=3600,
+                                store=f"chdb://{chdb_path}"), store, None)
+    n = [0]
+
+    def cycle() -> None:
+        clock.offset += 70  # every cycle crosses a minute: the 5m and 1h windows slide each time
+        n[0] += 1
+        store.insert_trials([dataclasses.replace(base[0], trial_id=f"s{n[0]}", trace_id=f"{9900 + n[0]:032x}",
+                                                 end_ns=int((clock.time() - 2) * 1e9))])
+        stage.rescore()
+        live, ru = stage.live(), stage.rollup()
+        for name, length in WINDOWS:
+            ws = live.window(g, name)
+            assert ws.since == window_start(clock.time(), length) or abs(clock.time() % 60) < 2, name
+            assert same_stats(live.stats(g, name), ru.window_stats(g, ws.since, length), pooled=ws.pooled), (n[0], name)
+        if stage._slide_job is not None:
+            stage._slide_job[0].result(timeout=60)  # the read ahead, done before the next cycle
+
+    try:
+        stage.rescore(all_groups=True)
+        cycle()  # the first step is guessed from the score interval (10 s): no slide planned yet
+        cycle()
+        made = stage.slides_read_ahead
+        cycle()
+        assert stage.slides_read_ahead > made >= 2  # the 5m and 1h windows, each cycle
+        made = stage.slides_read_ahead
+        assert stage._slide_job is not None
+        stage.rollup().sync()  # a sync between the read and the next cycle
+        stage._rows += stage.rollup().rows
+        stage.rollup().rows = []
+        cycle()
+        assert stage.slides_read_ahead == made  # slid by reads of its own
+        cycle()
+        assert stage.slides_read_ahead > made
+        assert stage.live().mismatches == 0
+    finally:
+        stage.close()
+        store.close()

@@ -379,6 +379,52 @@ class LiveStats:
                 self._subtract(moves[(level, *r)], gone_by, i)
         return out
 
+    # ---- slides read ahead ---------------------------------------------------------------------
+    def slide_plan(self, groups: list[GroupKey], now_s: float) -> list[tuple]:
+        """The slides :meth:`advance_all` ``(groups, now_s)`` would make by subtracting buckets
+        (not the reloads): ``(group, window name, window, its version, start now, start then)``
+        each. What :meth:`read_slides` reads ahead and :meth:`slide_from` applies."""
+        out = []
+        for g in groups:
+            for name, ws in self._win.get(g, {}).items():
+                since = window_start(now_s, ws.length)
+                if ws.length is not None and ws.since < since < ws.since + ws.length:
+                    out.append((g, name, ws, ws.version, ws.since, since))
+        return out
+
+    def read_slides(self, plan: list[tuple]) -> list[TaskStats]:
+        """The buckets each slide of ``plan`` leaves, [start now, start then), read from
+        ClickHouse as :meth:`advance_all` reads them (one read per level): one TaskStats per
+        entry, in order. Reads only (any thread). Raises StoreUnavailable."""
+        by_level: dict[int, dict[tuple[int, int], list[tuple[int, GroupKey]]]] = {}
+        for i, (g, _, ws, _, old, new) in enumerate(plan):
+            by_level.setdefault(ws.level, {}).setdefault((old, new), []).append((i, g))
+        out: list[TaskStats | None] = [None] * len(plan)
+        for level, ranges in by_level.items():
+            rs = sorted(ranges)
+            got = self.rollup.ranges_stats(sorted({g for r in rs for _, g in ranges[r]}), level, rs)
+            for j, r in enumerate(rs):
+                for i, g in ranges[r]:
+                    out[i] = got[(g, j)]
+        return out
+
+    def slide_from(self, plan: list[tuple], gone: list[TaskStats], now_s: float) -> int:
+        """Make the slides of ``plan`` with the buckets :meth:`read_slides` read for them, where
+        still right: the window is the one planned, unchanged since (same version and start), and
+        ending at ``now_s`` starts at or after where planned (any further step is
+        :meth:`advance_all`'s). Exact only if the rollups have not changed between
+        that read and the memory's state now — call it before :meth:`apply` folds in a later sync's
+        rows (those of the buckets left are then skipped, as for any row before a window's start).
+        The others are left to :meth:`advance_all`. Returns the slides made."""
+        made = 0
+        for (g, name, ws, ver, old, new), st in zip(plan, gone, strict=True):
+            if (self._win.get(g, {}).get(name) is not ws or ws.version != ver or ws.since != old
+                    or window_start(now_s, ws.length) < new):
+                continue
+            self._subtract([(g, ws, new)], {(g, 0): st}, 0)
+            made += 1
+        return made
+
     def _subtract(self, items: list[tuple[GroupKey, WindowState, int]],
                   gone_by: dict[tuple[GroupKey, int], TaskStats], i: int) -> None:
         """Slide each window of ``items`` (group, window, new start) past the buckets it left,
