@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     live_check_interval_s: float = Field(
         3600.0, gt=0, description="each in-memory window's per-task statistics are compared with the ClickHouse "
         "rollups (and reloaded on a difference) at least this often, spread over the cycles (on a thread of its own "
-        "with score_ci_background)")
+        "with score_ci_background, which also reads ahead the buckets the next cycle's window slides leave)")
     drift_current: str = Field("1h", description="drift (metrics.md §10): the current window …")
     drift_reference: str = Field("24h", description="… against the reference window just before it")
     drift_threshold: float = Field(0.05, ge=0, description="practical threshold: drift is flagged only when "
