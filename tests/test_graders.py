@@ -230,6 +230,38 @@ def test_loop_detection():
     assert canonical_arguments("not json") == "not json"
 
 
+def test_loop_detection_equals_the_definition_on_random_trajectories():
+    """find_loops makes canonical JSON only when a second call of the same tool comes; on random
+    trajectories (few tools, few argument spellings, model steps between) it finds exactly the
+    maximal runs the definition gives: a key (tool, canonical arguments) per tool call, runs of
+    equal consecutive keys of at least min_run."""
+    import random
+
+    def by_definition(steps, min_run):
+        out, run, key = [], [], None
+        for st in [x for x in steps if x.op == Op.TOOL] + [None]:
+            k = None if st is None else (st.tool_name or st.action, canonical_arguments(st.arguments))
+            if st is not None and k == key:
+                run.append(st)
+                continue
+            if key is not None and len(run) >= min_run:
+                out.append((key[0], key[1], len(run), tuple(x.span_id for x in run)))
+            key, run = k, [st]
+        return out
+
+    rng = random.Random(8)
+    spellings = [{"q": "x", "n": 1}, '{"n": 1, "q": "x"}', {"q": "y"}, "not json", None, [1, 2]]
+    found = 0
+    for _ in range(400):
+        steps = [llm("m") if rng.random() < 0.2 else tool(rng.choice(["a", "b"]), rng.choice(spellings))
+                 for _ in range(rng.randrange(0, 14))]
+        for min_run in (2, 3):
+            got = [(lp.tool_name, lp.arguments, lp.length, lp.span_ids) for lp in find_loops(steps, min_run)]
+            assert got == by_definition(steps, min_run)
+            found += len(got)
+    assert found > 100  # the cases hold loops
+
+
 # --- control statistics and rates ----------------------------------------------------------------
 
 

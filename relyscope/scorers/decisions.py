@@ -230,21 +230,30 @@ def find_loops(steps: Sequence[Step], min_run: int = 3) -> tuple[Loop, ...]:
         raise ValueError("min_run must be >= 2")
     loops: list[Loop] = []
     run: list[Step] = []
-    key: tuple[str, str] | None = None
+    name: str | None = None  # the run's tool
+    canon: str | None = None  # its canonical arguments, made only once a second call of that tool
+    # comes (two calls of different tools never match: most steps need no canonical JSON)
 
     def flush() -> None:
-        if key is not None and len(run) >= min_run:
-            loops.append(Loop(key[0], key[1], len(run), run[0].span_id, tuple(s.span_id for s in run)))
+        if name is not None and len(run) >= min_run:
+            loops.append(Loop(name, canon, len(run), run[0].span_id, tuple(s.span_id for s in run)))
 
     for step in steps:
         if step.op != Op.TOOL:
             continue
-        k = (step.tool_name or step.action, canonical_arguments(step.arguments))
-        if k == key:
-            run.append(step)
-        else:
+        tool = step.tool_name or step.action
+        if tool == name:
+            if canon is None:
+                canon = canonical_arguments(run[0].arguments)
+            args = canonical_arguments(step.arguments)
+            if args == canon:
+                run.append(step)
+                continue
             flush()
-            key, run = k, [step]
+            run, canon = [step], args
+            continue
+        flush()
+        name, canon, run = tool, None, [step]
     flush()
     return tuple(loops)
 
