@@ -227,16 +227,23 @@ def test_bucket_rollups_of_an_earlier_store_get_small_compressed_blocks_at_start
         return dict(store.query("SELECT name, create_table_query FROM system.tables WHERE database = %(d)s "
                                 "AND name IN ('task_stats', 'conf_stats')", {"d": store.db}))
 
+    import re
+
+    def blocks(text):
+        return dict(re.findall(r"\b(m..)_compress_block_size = (\d+)\b", text))
+
     Rollup(store, POLICY)
     for name, text in ddl().items():
-        assert "min_compress_block_size = 4096" in text and "max_compress_block_size = 65536" in text, name
-        store.query(f"ALTER TABLE {{db}}.{name} RESET SETTING min_compress_block_size, max_compress_block_size")
-    assert not any("min_compress_block_size" in t for t in ddl().values())  # as an earlier version made them
+        assert blocks(text) == {"min": "4096", "max": "65536"}, name
+    store.query("ALTER TABLE {db}.task_stats RESET SETTING min_compress_block_size, max_compress_block_size")
+    # set by hand to another value (its text holds "min_compress_block_size = 4096" as a prefix)
+    store.query("ALTER TABLE {db}.conf_stats MODIFY SETTING min_compress_block_size = 40960")
+    assert blocks(ddl()["task_stats"]) == {} and blocks(ddl()["conf_stats"])["min"] == "40960"
     now = time.time()
     rng = random.Random(5)
     ru, live = start(store, [_plain(rng, i, now, task=f"t{i % 4}") for i in range(24)], [G], now)
     for name, text in ddl().items():
-        assert "min_compress_block_size = 4096" in text and "max_compress_block_size = 65536" in text, name
+        assert blocks(text) == {"min": "4096", "max": "65536"}, name
     from relyscope.scoring.rollup import _small_blocks
 
     assert _small_blocks(store) == []  # already set: no second ALTER

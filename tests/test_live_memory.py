@@ -876,6 +876,8 @@ def test_cycles_slide_their_windows_from_the_buckets_read_after_the_last_cycle(c
     try:
         stage.rescore(all_groups=True)
         cycle()  # the first step is guessed from the score interval (10 s): no slide planned yet
+        assert stage.slides_read_ahead == 0
+        cycle()  # the next ones from the last step (70 s)
         cycle()
         made = stage.slides_read_ahead
         cycle()

@@ -235,14 +235,14 @@ def find_loops(steps: Sequence[Step], min_run: int = 3) -> tuple[Loop, ...]:
     # comes (two calls of different tools never match: most steps need no canonical JSON)
 
     def flush() -> None:
-        if name is not None and len(run) >= min_run:
+        if len(run) >= min_run:
             loops.append(Loop(name, canon, len(run), run[0].span_id, tuple(s.span_id for s in run)))
 
     for step in steps:
         if step.op != Op.TOOL:
             continue
         tool = step.tool_name or step.action
-        if tool == name:
+        if run and tool == name:
             if canon is None:
                 canon = canonical_arguments(run[0].arguments)
             args = canonical_arguments(step.arguments)

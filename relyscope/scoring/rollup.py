@@ -774,10 +774,11 @@ def _small_blocks(store: Store) -> list[str]:
     until merged. Returns the statements run. Raises StoreUnavailable."""
     rows = store.query("SELECT name, create_table_query FROM system.tables WHERE database = %(d)s "
                        "AND name IN ('task_stats', 'conf_stats') ORDER BY name", {"d": store.db})
-    want = [part.strip() for part in _BLOCKS.split(",")]
+    want = dict(part.strip().split(" = ") for part in _BLOCKS.split(","))
     ran = []
     for name, ddl in rows:
-        if not all(w in ddl for w in want):
+        have = dict(re.findall(r"\b(min_compress_block_size|max_compress_block_size) = (\d+)", ddl))
+        if have != want:
             ran.append(f"ALTER TABLE {{db}}.{name} MODIFY SETTING {_BLOCKS}")
             _command(store, ran[-1])
     return ran

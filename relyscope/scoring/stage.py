@@ -784,9 +784,9 @@ class ScoreStage:
             self.store.insert_scores(rows)
         except StoreUnavailable as e:
             self._on_store_error(e)
-        if background:
+        if background:  # a cycle of the loop (a flush's clock would make the next step's guess short)
             self._read_slides_ahead(live, ru, [g for g in live.groups() if plan.get(g, ()) is None], now)
-        self._last_now = now
+            self._last_now = now
         return dict(self.scores)
 
     # ---- window slides read ahead -------------------------------------------------------------
