@@ -39,6 +39,7 @@ from relyscope.config import Settings  # noqa: E402
 from relyscope.scoring.rollup import Rollup  # noqa: E402
 from relyscope.scoring import stage as stage_mod  # noqa: E402
 from relyscope.scoring.stage import ScoreStage  # noqa: E402
+from relyscope.testing import OffsetClock  # noqa: E402
 from relyscope.scoring.stats import NB, N_RES, SUM_COLUMNS  # noqa: E402
 from relyscope.store import Store  # noqa: E402
 
@@ -147,7 +148,7 @@ def main() -> None:
     extra = {k: v for k, v in (("score_ci_interval_s", args.ci_interval), ("score_ci_every_cycle", args.ci_every_cycle),
                                ("score_ci_background", args.ci_background)) if v is not None}
     settings = Settings(n_boot=args.n_boot, store=f"chdb://{tmp}/data", score_interval_s=args.interval, **extra)
-    clock = _Clock()
+    clock = OffsetClock()  # the scoring stage's clock, moved ahead per cycle
     stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
     stored = store.query("SELECT count() FROM {db}.trials")[0][0]  # also a reused store's extra trials
@@ -259,19 +260,6 @@ def main() -> None:
     print(f"| {stored:,} | {args.groups} | {args.tasks:,} | {args.new} | {args.n_boot} | {med([r[0] for r in rows]):.2f} s | "
           f"{med([r[1] for r in rows]):.2f} s | {med(cyc):.2f} s (max {max(cyc):.2f}) | "
           f"+{max(r[2] for r in rows) - idle:.0f} MiB | {stage.live().mismatches} |")
-
-
-class _Clock:
-    """``time`` for the scoring stage, ``offset`` seconds ahead of the real clock."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def time(self) -> float:
-        return time.time() + self.offset
-
-    def __getattr__(self, name):
-        return getattr(time, name)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,24 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["SidecarProc", "free_ports", "start_sidecar", "wait_for_replays", "RELYSCOPE_BIN"]
+__all__ = ["OffsetClock", "SidecarProc", "free_ports", "start_sidecar", "wait_for_replays", "RELYSCOPE_BIN"]
 
 RELYSCOPE_BIN = Path(sys.executable).parent / "relyscope"
+
+
+class OffsetClock:
+    """A stand-in for the ``time`` module whose ``time()`` runs ``offset`` seconds ahead of the
+    real clock (every other attribute is the real module's): put in place of one module's
+    ``time`` (e.g. the scoring stage's) to move that module's clock alone."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def __getattr__(self, name):
+        return getattr(time, name)
 
 
 def free_ports(n: int = 1) -> list[int]:

@@ -24,6 +24,7 @@ from relyscope.scoring.stage import ScoreStage
 from relyscope.scoring.stats import score_stats
 from relyscope.scoring.windows import parse_windows
 from relyscope.store import Store
+from relyscope.testing import OffsetClock
 from test_live_rollup import GROUPS, NOW, POLICY, traffic
 from test_scoring_stats import assert_same
 
@@ -825,19 +826,6 @@ def test_a_difference_found_in_the_background_stays_due_when_its_recheck_fails(c
         store.close()
 
 
-class _Clock:
-    """``time`` for the scoring stage only, ``offset`` seconds ahead of the real clock."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def time(self) -> float:
-        return time.time() + self.offset
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
-
 def test_cycles_slide_their_windows_from_the_buckets_read_after_the_last_cycle(chdb_path, monkeypatch):
     """RELYSCOPE_SCORE_CI_BACKGROUND: after a cycle, the check thread reads the buckets the
     windows will leave by the next one (its clock guessed one cycle step ahead); the next cycle
@@ -853,7 +841,7 @@ def test_cycles_slide_their_windows_from_the_buckets_read_after_the_last_cycle(c
     base = [dataclasses.replace(make_trial(rng, i, task=f"t{i % 4}", end_ns=int((now_s - 5 - 10 * i) * 1e9), agent="a"),
                                 status="complete", outcome="success" if i % 3 else "failure") for i in range(48)]
     store.insert_trials(base)
-    clock = _Clock()
+    clock = OffsetClock()
     monkeypatch.setattr(stage_mod, "time", clock)
     stage = ScoreStage(Settings(n_boot=N_BOOT, score_ci_interval_s=3600, live_check_interval_s=3600,
                                 store=f"chdb://{chdb_path}"), store, None)
