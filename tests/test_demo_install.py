@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,6 +35,16 @@ def test_demo_ends_with_the_next_steps(tmp_path):
     assert f"serve --store chdb://{tmp_path.resolve()}/.relyscope/demo/data" in tail
     assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317" in tail
     assert "First ten minutes with your framework" in tail and "/docs" in tail
+    # the hinted report of the demo's store works once the demo's sidecar is gone (it said
+    # `relyscope report`, which then found no sidecar and no store and exited 1)
+    (hint,) = [line.split(":", 1)[1].split() for line in tail.splitlines() if "report --store" in line]
+    env_var, cmd = hint[0].split("=", 1), hint[1:]
+    assert env_var[0] == "RELYSCOPE_POLICY_FILE" and cmd[0].endswith("relyscope") and cmd[1:3] == ["report", "--store"]
+    r = subprocess.run([str(RELYSCOPE_BIN), *cmd[1:], "--n-boot", "0", "--format", "json"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "RELYSCOPE_POLICY_FILE": str(Path(tmp_path, env_var[1]))})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {g["run_kind"] for g in json.loads(r.stdout)["groups"]} == {"production"}
 
 
 def test_readme_has_the_sections_the_demo_points_to():

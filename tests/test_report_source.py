@@ -111,3 +111,60 @@ def test_score_of_spans_without_an_agent_run_gives_an_offline_hint(tmp_path):
     assert "GRACE_PERIOD" not in out and "flush" not in out and "no finalized trials yet" not in out, out
     assert "no trials" in out and "none of the 1 stored spans is part of an agent run" in out, out
     assert "nothing is pending" in out
+
+
+_REPLAYS = r"""
+import sys
+from relyscope.model import Op, Step, Trial
+from relyscope.store import Store
+
+def step(i, name, args, se=None):
+    return Step(span_id=f"{i:016x}", parent_span_id="", action=name, op=Op.TOOL, name=f"execute_tool {name}",
+                start_ns=i, end_ns=i + 1, tool_name=name, arguments=args, result={"ok": True}, side_effect=se)
+
+def trial(tid, steps, outcome, run_kind="production", shadow_of=None):
+    return Trial(trial_id=tid, trace_id=f"{abs(hash(tid)) % 10**30:032x}", root_span_id="b" * 16, task_id="task",
+                 task_id_source="attribute", agent_name="agent", agent_version="1.0", run_kind=run_kind,
+                 outcome=outcome, outcome_source=None, outcome_score=None, claimed_success=None, confidence=None,
+                 conversation_id=None, start_ns=10**18, end_ns=10**18 + 10**9, steps=tuple(steps),
+                 shadow_of=shadow_of, task_input="refund ORD-1")
+
+refund = [step(1, "get_order", {"id": 1}, "read"), step(2, "issue_refund", {"id": 1, "amount": 30}, "irreversible")]
+other = [step(1, "get_order", {"id": 1}, "read"), step(2, "issue_refund", {"id": 1, "amount": 99}, "irreversible")]
+st = Store(sys.argv[1])
+st.insert_trials([
+    trial("p1", refund, "success"), trial("p2", [step(1, "wire", {"to": "x"})], "success"),
+    trial("r1", refund, "unknown", "shadow", "p1"),                     # the same refund: success
+    trial("r2", other, "unknown", "shadow", "p1"),                      # another amount: failure
+    trial("r3", [step(1, "wire", {"to": "y"})], "unknown", "shadow", "p2"),  # side-effecting by the policy only
+])
+st.close()
+"""
+
+
+def test_a_stores_report_grades_replays_and_reads_the_policy_as_the_sidecar_does(tmp_path):
+    """``report --store`` scored the stored trials with posted outcomes only: every shadow replay
+    (outcome unknown in its spans) stayed unknown, so a demo store's shadow groups read "288
+    unknown", S_* undefined, and RELYSCOPE_POLICY_FILE (which its own note recommends) changed
+    nothing. Replays are now graded by side-effect equivalence with their production runs
+    (metrics.md §6 item 4), with the policy's side effects. By hand: r1 repeats p1's refund →
+    success; r2 refunds another amount → failure; r3 wires elsewhere than p2, a side effect only
+    under the policy (``wire: write``) → failure with it, success without (both signatures empty)."""
+    import sys
+
+    dsn = f"chdb://{tmp_path / 'data'}"
+    made = subprocess.run([sys.executable, "-c", _REPLAYS, dsn], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("agent: agent\nside_effects:\n  wire: write\nrules: []\n")
+
+    def shadow_outcomes(**env) -> dict:
+        r = subprocess.run([str(RELYSCOPE_BIN), "report", "--format", "json", "--n-boot", "0",
+                            "--api", "http://127.0.0.1:9", "--store", dsn], capture_output=True, text=True,
+                           timeout=300, env={**_env(), **env})
+        assert r.returncode == 0, r.stderr
+        (g,) = [g for g in json.loads(r.stdout)["groups"] if g["run_kind"] == "shadow"]
+        return g["outcomes"]
+
+    assert shadow_outcomes() == {"success": 2, "failure": 1, "unknown": 0}
+    assert shadow_outcomes(RELYSCOPE_POLICY_FILE=str(policy)) == {"success": 1, "failure": 2, "unknown": 0}

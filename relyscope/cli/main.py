@@ -247,10 +247,18 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
     from relyscope.scoring.rollup import window_start
     from relyscope.scoring.windows import parse_windows
 
+    from relyscope.shadow.grading import resolve_replays
+
     length = parse_windows(window)[0][1] if window else None
+    policy_file = policy_file or _settings().policy_file  # RELYSCOPE_POLICY_FILE, as the sidecar reads it
+    policy = _load_policy_or_exit(policy_file)
     st = Store(dsn)
     try:
-        trials = apply_outcomes(st.load_trials(), st.outcomes())
+        # resolved as the sidecar resolves them (ScoreStage.load_trials): posted outcomes and a
+        # judge's verdicts (metrics.md §6), then replays by side-effect equivalence with the
+        # production runs they replay (§6 item 4), without the attempts the shadow ledger superseded
+        posted, judged = st.outcomes(), st.judgements() or None
+        trials = resolve_replays(st, apply_outcomes(st.load_trials(), posted, judged), posted, judged, policy)
     finally:
         st.close()
     if length is not None:  # the sidecar's alignment; offline imports keep their all-time view
@@ -260,18 +268,24 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
     return {**rep, "window": window} if window else rep
 
 
+def _load_policy_or_exit(policy_file: Optional[str]):
+    """The safety policy of ``policy_file`` (None: none); a bad file exits 2 with its error."""
+    from relyscope.scorers.policy import PolicyError, load_policy
+
+    if not policy_file:
+        return None
+    try:
+        return load_policy(policy_file)
+    except PolicyError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+
+
 def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None, window: Optional[str] = None) -> dict:
     from relyscope.exporter.report import build_report
-    from relyscope.scorers.policy import PolicyError, load_policy
     from relyscope.scorers.review import score_all
 
-    policy = None
-    if policy_file:
-        try:
-            policy = load_policy(policy_file)
-        except PolicyError as e:
-            err.print(f"[red]{e}[/red]")
-            raise typer.Exit(2) from None
+    policy = _load_policy_or_exit(policy_file)
     scores, extras = score_all(trials, policy, n_boot=n_boot)
     return build_report(scores, extras, window=window)
 
@@ -665,7 +679,8 @@ def demo_next_steps(data_dir: Path) -> str:
         "(README: \"Point an already-instrumented agent at it\")",
         "  give runs a task and an outcome: README \"First ten minutes with your framework\"",
         f"  replay and gate versions: README \"Shadow replays and release gates\" ({rs} shadow, {rs} gate)",
-        f"  look:                     {rs} report   ·   http://localhost:9464/docs   ·   "
+        f"  the demo's report again:  RELYSCOPE_POLICY_FILE={policy} {rs} report --store {store}",
+        f"  with a sidecar running:   {rs} report   ·   http://localhost:9464/docs   ·   "
         "http://localhost:9464/metrics",
     ])
 
