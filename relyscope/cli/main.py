@@ -243,22 +243,17 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
 
     from relyscope.store import Store
 
-    from relyscope.scorers.outcomes import apply_outcomes
     from relyscope.scoring.rollup import window_start
     from relyscope.scoring.windows import parse_windows
-
-    from relyscope.shadow.grading import resolve_replays
+    from relyscope.shadow.grading import load_resolved
 
     length = parse_windows(window)[0][1] if window else None
     policy_file = policy_file or _settings().policy_file  # RELYSCOPE_POLICY_FILE, as the sidecar reads it
     policy = _load_policy_or_exit(policy_file)
     st = Store(dsn)
     try:
-        # resolved as the sidecar resolves them (ScoreStage.load_trials): posted outcomes and a
-        # judge's verdicts (metrics.md §6), then replays by side-effect equivalence with the
-        # production runs they replay (§6 item 4), without the attempts the shadow ledger superseded
-        posted, judged = st.outcomes(), st.judgements() or None
-        trials = resolve_replays(st, apply_outcomes(st.load_trials(), posted, judged), posted, judged, policy)
+        # resolved as the sidecar resolves them, with the judge's verdicts the store holds (if any)
+        trials = load_resolved(st, policy, judge=True)
     finally:
         st.close()
     if length is not None:  # the sidecar's alignment; offline imports keep their all-time view

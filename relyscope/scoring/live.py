@@ -357,7 +357,7 @@ class LiveStats:
         whose start moved back (a clock step) or by more than its length. Returns group → names
         of the windows that changed."""
         out: dict[GroupKey, set[str]] = {}
-        moves: dict[tuple[int, int, int], list[tuple[GroupKey, WindowState, int]]] = {}
+        moves = []
         for g in groups:
             wins = self._win[g]
             for name, ws in list(wins.items()):
@@ -368,15 +368,9 @@ class LiveStats:
                 if since < ws.since or ws.length is None or since - ws.since >= ws.length:
                     wins[name] = self._read(g, name, ws.length, now_s)
                     continue
-                moves.setdefault((ws.level, ws.since, since), []).append((g, ws, since))
-        by_level: dict[int, list[tuple[int, int]]] = {}
-        for level, old, new in moves:
-            by_level.setdefault(level, []).append((old, new))
-        for level, ranges in by_level.items():  # one read per level for every window and group
-            gone_by = self.rollup.ranges_stats(
-                sorted({g for r in ranges for g, _, _ in moves[(level, *r)]}), level, ranges)
-            for i, r in enumerate(ranges):
-                self._subtract(moves[(level, *r)], gone_by, i)
+                moves.append((g, name, ws, ws.version, ws.since, since))
+        for (g, _, ws, _, _, since), gone in zip(moves, self.read_slides(moves), strict=True):
+            self._slide(g, ws, since, gone)
         return out
 
     # ---- slides read ahead ---------------------------------------------------------------------
@@ -421,26 +415,23 @@ class LiveStats:
             if (self._win.get(g, {}).get(name) is not ws or ws.version != ver or ws.since != old
                     or window_start(now_s, ws.length) < new):
                 continue
-            self._subtract([(g, ws, new)], {(g, 0): st}, 0)
+            self._slide(g, ws, new, st)
             made += 1
         return made
 
-    def _subtract(self, items: list[tuple[GroupKey, WindowState, int]],
-                  gone_by: dict[tuple[GroupKey, int], TaskStats], i: int) -> None:
-        """Slide each window of ``items`` (group, window, new start) past the buckets it left,
-        range ``i`` of :meth:`Rollup.ranges_stats`' answer ``gone_by``."""
-        for g, ws, since in items:
-            gone = gone_by.get((g, i))
-            if gone is not None and gone.task_ids:
-                ws.add(gone.task_ids, gone.sums, -1)
-                for t, q, p, n in gone.hist:
-                    ws.add_hist(gone.task_ids[t], q, -p, -n)
-            self._slid_traj(g, ws, since)
-            ws.since = since
-            ws.version += 1
-            if ws.max_end_ns < since * 10**9:
-                ws.max_end_ns = 0
-            ws.compact()
+    def _slide(self, g: GroupKey, ws: WindowState, since: int, gone: TaskStats | None) -> None:
+        """Slide window ``ws`` of group ``g`` to start at ``since``, past the buckets it left
+        (``gone``: :meth:`read_slides`' statistics of them)."""
+        if gone is not None and gone.task_ids:
+            ws.add(gone.task_ids, gone.sums, -1)
+            for t, q, p, n in gone.hist:
+                ws.add_hist(gone.task_ids[t], q, -p, -n)
+        self._slid_traj(g, ws, since)
+        ws.since = since
+        ws.version += 1
+        if ws.max_end_ns < since * 10**9:
+            ws.max_end_ns = 0
+        ws.compact()
 
     def _slid_traj(self, group: GroupKey, ws: WindowState, since_s: int) -> None:
         """Before ``ws`` slides to start at ``since_s``: clear ``tj_ok`` of the tasks whose

@@ -29,13 +29,12 @@ from relyscope.config import Settings
 from relyscope.model import Trial
 from relyscope.scorers.bootstrap import yielding
 from relyscope.scorers.graders import grade_trial
-from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.profile import GroupScore
 from relyscope.scorers.review import (GroupReview, TrialFacts, policy_for, review_group, score_reviewed,
                                       sections, trial_facts)
 from relyscope.scoring.rollup import Rollup, window_start
-from relyscope.shadow.grading import resolve_replays
+from relyscope.shadow.grading import load_resolved
 from relyscope.scoring.drift import drift as drift_of
 from relyscope.scoring.live import LiveStats, same_stats
 from relyscope.scoring.stats import TaskStats, score_stats
@@ -332,10 +331,7 @@ class ScoreStage:
     def load_trials(self, **filters) -> list[Trial]:
         """Trials from the store with their outcomes resolved (metrics.md §6). Filters as
         :meth:`relyscope.store.Store.load_trials`."""
-        judged = self.store.judgements() if self.settings.judge_url else None
-        posted = self.store.outcomes()
-        trials = apply_outcomes(self.store.load_trials(**filters), posted, judged)
-        return resolve_replays(self.store, trials, posted, judged, self.policy)
+        return load_resolved(self.store, self.policy, judge=bool(self.settings.judge_url), **filters)
 
     def _windowed_trials(self, **filters) -> list[Trial]:
         """Trials to score: with ``score_window_s`` set, those that ended within the window (rolling

@@ -16,7 +16,7 @@ from relyscope.model import Trial
 from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.replay_outcome import EQUIVALENCE_SOURCE, apply_replay_outcomes, is_sandbox_miss
 
-__all__ = ["resolve_replays", "HarnessCheck", "ReplayRecord", "expected_agreement", "harness_check"]
+__all__ = ["load_resolved", "resolve_replays", "HarnessCheck", "ReplayRecord", "expected_agreement", "harness_check"]
 
 
 def _policy_side_effects(policy: Any) -> dict[str, str]:
@@ -42,6 +42,17 @@ def resolve_replays(store: Any, trials: Sequence[Trial], posted: Mapping, judged
     trials = [t for t in trials if not t.shadow_of or t.shadow_of not in current or t.trace_id in current[t.shadow_of]]
     prods = apply_outcomes(store.load_trials(trial_ids=prod_ids), posted, judged)
     return apply_replay_outcomes(trials, {p.trial_id: p for p in prods}, _policy_side_effects(policy))
+
+
+def load_resolved(store: Any, policy: Any = None, *, judge: bool = False, **filters) -> list[Trial]:
+    """Trials from ``store`` (``filters`` as :meth:`relyscope.store.Store.load_trials`) with their
+    outcomes resolved: posted outcomes, and a judge's verdicts if ``judge`` (metrics.md §6), then
+    replays by :func:`resolve_replays`. What the scoring stage and ``report --store`` both score.
+    Raises StoreUnavailable."""
+    judged = store.judgements() if judge else None
+    posted = store.outcomes()
+    trials = apply_outcomes(store.load_trials(**filters), posted, judged)
+    return resolve_replays(store, trials, posted, judged, policy)
 
 
 @dataclass(frozen=True, slots=True)
