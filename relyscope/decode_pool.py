@@ -137,6 +137,13 @@ class OrderedPrefetch:
     rewound after a failed store write, or skipped ahead) drops the window and starts over at
     ``seq``, so every take reflects what ``fetch`` returns then.
 
+    Futures left behind (a reset, skipped records) are dropped, never cancelled: on Python 3.11
+    (without the fix of CPython gh-107219) a future cancelled while it still waits in
+    ``ProcessPoolExecutor``'s queue makes the pool's manager thread die with
+    ``InvalidStateError`` if a worker dies before that future is dequeued; the futures after it
+    then never complete and the dead pool's queues are never closed. A dropped future costs at
+    most one needless decode.
+
     At most ``max_records`` records and ``max_bytes`` of payload are in flight (at least one).
     ``timeout_s``: the longest wait for one result before the pool counts as hung (see the module
     docstring); None waits for ever.
@@ -157,9 +164,7 @@ class OrderedPrefetch:
         self.last_restart: tuple[float, str] | None = None  # (time.time(), why) of the latest restart
 
     def reset(self, seq: int) -> None:
-        for fut, _ in self._ahead.values():
-            if isinstance(fut, Future):
-                fut.cancel()
+        # futures dropped, never cancelled (see the class docstring)
         self._ahead.clear()
         self._bytes = 0
         self._from = self._next = seq
@@ -216,10 +221,8 @@ class OrderedPrefetch:
         if not (self._from <= seq <= self._next):
             self.reset(seq)
         while self._ahead and next(iter(self._ahead)) < seq:  # processed meanwhile (skipped records)
-            _, (fut, payload) = self._ahead.popitem(last=False)
+            _, (fut, payload) = self._ahead.popitem(last=False)  # dropped, not cancelled (class docstring)
             self._bytes -= len(payload) if payload is not None else 0
-            if isinstance(fut, Future):
-                fut.cancel()
         self._from = seq
         self._fill(fetch)
         if not self._ahead:
@@ -240,7 +243,6 @@ class OrderedPrefetch:
                 self.fallbacks += 1
                 res = self.pool.fn(payload)
             except FutureTimeout:
-                fut.cancel()
                 self._broken(f"decode worker gave no result for spool record {rseq} in {self.timeout_s:g} s "
                              "(hung or stopped); killed the decode processes", kill=True)
                 self.fallbacks += 1

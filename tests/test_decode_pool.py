@@ -254,3 +254,40 @@ def test_workers_exit_when_their_parent_dies(tmp_path):
         alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
                  "zombie" not in open(f"/proc/{p}/status").read().lower()]
     assert not alive, f"decode workers outlived their parent: {alive}"
+
+
+def test_a_reset_then_a_dead_worker_leaves_the_pools_manager_thread_alive_and_every_future_done():
+    """Regression (the thread-exception warning of the test above, seen in every ``make test``):
+    ``reset`` cancelled the futures it dropped. A future cancelled while still queued in the
+    executor, then a worker death before it was dequeued, made ``ProcessPoolExecutor``'s manager
+    thread raise ``InvalidStateError`` in ``terminate_broken`` (CPython gh-107219, unfixed in
+    3.11): it died before failing the futures after it and before closing the pool's queues.
+    One worker busy for 30 s keeps records 3.. waiting in the executor's queue."""
+    import builtins
+    import threading
+
+    p = DecodePool(builtins.eval, 1)  # eval(payload bytes): a picklable stand-in decode
+    errors: list = []
+    old_hook = threading.excepthook
+    threading.excepthook = lambda a: errors.append(a.exc_type)
+    try:
+        p.started.result(timeout=120)
+        recs = {1: b"1", **{i: b"__import__('time').sleep(30)" for i in range(2, 9)}}
+        pf = OrderedPrefetch(p, max_records=8, max_bytes=1 << 20)
+        assert pf.take(1, _source(recs))[:2] == (1, 1)
+        manager = p._ex._executor_manager_thread
+        futs = [f for f, _ in pf._ahead.values()]
+        assert len(futs) == 7
+        for _ in range(100):  # record 2 reached the worker
+            if futs[0].running():
+                break
+            time.sleep(0.05)
+        pf.reset(100)  # the caller rewound elsewhere: the window is dropped
+        for pid in p.pids():
+            os.kill(pid, signal.SIGKILL)
+        manager.join(30)
+        assert not manager.is_alive() and errors == []
+        assert all(f.done() and not f.cancelled() and f.exception(0) is not None for f in futs)
+    finally:
+        threading.excepthook = old_hook
+        p.close()
