@@ -26,6 +26,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # o
 
 import argparse  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -42,6 +43,14 @@ from relyscope.scoring.stage import ScoreStage  # noqa: E402
 from relyscope.testing import OffsetClock  # noqa: E402
 from relyscope.scoring.stats import NB, N_RES, SUM_COLUMNS  # noqa: E402
 from relyscope.store import Store  # noqa: E402
+
+
+def jemalloc_mib(store) -> float:
+    """Resident MiB of chDB's own allocator (jemalloc's ``stats.resident``: part of RssAnon)."""
+    with store._lock:
+        text = store._ready_client().query("SELECT stats FROM system.jemalloc_stats").result_rows[0][0]
+    m = re.search(r"resident: (\d+)", text)
+    return int(m[1]) / 2**20 if m else float("nan")
 
 
 def rss_mib(field: str = "VmRSS") -> float:
@@ -152,18 +161,26 @@ def main() -> None:
     stage_mod.time = clock  # the scorer's clock only (windows, CI ages); the store keeps real time
     stage = ScoreStage(settings, store, None)
     stored = store.query("SELECT count() FROM {db}.trials")[0][0]  # also a reused store's extra trials
+    # the sidecar's Trimmer (relyscope.sidecar): glibc's malloc_trim and chDB's jemalloc purge,
+    # every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s); here once per cycle, timed
+    releaser = memory.Trimmer(0, purge=store.release_memory)
     # idle: RSS at rest once chDB's start-up work settled. Right after the open chDB works in the
-    # background for ~15 s (RssAnon 120 → 270 → 86 MiB on the 1 M store), so an early sample is
-    # neither idle nor a floor: sample every second until the last 5 agree within 8 MiB (≤ 90 s)
+    # background (merging the copied store's parts: RssAnon 120 → 270 → 86 MiB on the 1 M store),
+    # so an early sample is neither idle nor a floor: sample every second until no merge runs and
+    # the last 5 agree within 8 MiB (≤ 120 s)
     samples: list[float] = []
-    while len(samples) < 90 and not (len(samples) >= 5 and max(samples[-5:]) - min(samples[-5:]) < 8):
-        memory.trim()
+    merging = 1
+    while len(samples) < 120 and not (merging == 0 and len(samples) >= 5
+                                      and max(samples[-5:]) - min(samples[-5:]) < 8):
+        releaser.release()
         samples.append(rss_mib())
+        merging = store.query("SELECT count() FROM system.merges")[0][0]
         time.sleep(1.0)
     idle = samples[-1]
     idle_anon, idle_file = rss_mib("RssAnon"), rss_mib("RssFile")
+    idle_je = jemalloc_mib(store)
     print(f"RSS at rest after opening the store (1 s apart): {', '.join(f'{x:.0f}' for x in samples)} MiB "
-          f"→ idle {idle:.0f} (anon {idle_anon:.0f}, file {idle_file:.0f})", flush=True)
+          f"→ idle {idle:.0f} (anon {idle_anon:.0f}, file {idle_file:.0f}; chDB's jemalloc resident {idle_je:.0f})", flush=True)
     if args.tracemalloc:
         import tracemalloc
 
@@ -171,7 +188,7 @@ def main() -> None:
     t0 = time.perf_counter()
     stage.rescore(all_groups=True)  # the first cycle after a start: every group, every window
     first_s = time.perf_counter() - t0
-    memory.trim()
+    releaser.release()
     loaded = rss_mib()
     print(f"store {tmp}: first full cycle (load every window, every CI) "
           f"{first_s:.1f} s; RSS idle {idle:.0f} MiB, after it {loaded:.0f} MiB (anon {rss_mib('RssAnon') - idle_anon:+.0f}, "
@@ -182,7 +199,6 @@ def main() -> None:
     base = args.stored + 10
     qtimes: dict[str, list[float]] = {}
     if args.queries:
-        import re
 
         def timed(fn, kind):
             def run(sql, *a, **kw):
@@ -197,6 +213,7 @@ def main() -> None:
         store.query = timed(store.query, "query")
         store._insert = timed(store._insert, "insert")
     rows = []
+    release_s: list[float] = []
     prof = None
     if args.profile:
         import cProfile
@@ -222,17 +239,20 @@ def main() -> None:
         # (code before the sync was a phase: the whole cycle is counted as scoring)
         sync_s = stage.phase_s.get("sync", 0.0)
         score_s = time.perf_counter() - t0 - sync_s
-        memory.trim()  # the sidecar's Trimmer does this every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s)
+        t1 = time.perf_counter()
+        releaser.release()  # the sidecar's Trimmer does this every RELYSCOPE_MALLOC_TRIM_INTERVAL_S (30 s)
+        release_s.append(time.perf_counter() - t1)
         rows.append((sync_s, score_s, rss_mib(), stage.last_refreshes, rss_mib("RssAnon"), rss_mib("RssFile")))
-        with store._lock:  # chDB's own tracked memory (part of the RSS): not one of the timed statements
+        with store._lock:  # chDB's own memory (part of the RSS): not one of the timed statements
             ch_mib = store._ready_client().query(
                 "SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'").result_rows[0][0] / 2**20
+        je_mib = jemalloc_mib(store)
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} CI/drift refreshes due; background: {stage.last_background[0]} published, "
               f"{stage.last_background[1]:.2f} s of work, {len(stage._ci_jobs)} pending; window slides read ahead "
               f"so far {stage.slides_read_ahead}), "
               f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle: anon {rows[-1][4] - idle_anon:+.0f}, "
-              f"file {rows[-1][5] - idle_file:+.0f}; chDB tracks {ch_mib:.0f}); "
+              f"file {rows[-1][5] - idle_file:+.0f}; chDB tracks {ch_mib:.0f}, its jemalloc resident {je_mib - idle_je:+.0f}); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
     if args.tracemalloc:
         snap = tracemalloc.take_snapshot()
@@ -257,6 +277,9 @@ def main() -> None:
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     cyc = [r[0] + r[1] for r in rows]
     stage.close()
+    print(f"memory release after each cycle (malloc_trim + SYSTEM JEMALLOC PURGE): median "
+          f"{med(release_s) * 1e3:.1f} ms, max {max(release_s) * 1e3:.1f} ms; RSS median {med([r[2] for r in rows]):.0f}, "
+          f"max {max(r[2] for r in rows):.0f} MiB against idle {idle:.0f} MiB")
     print(f"| {stored:,} | {args.groups} | {args.tasks:,} | {args.new} | {args.n_boot} | {med([r[0] for r in rows]):.2f} s | "
           f"{med([r[1] for r in rows]):.2f} s | {med(cyc):.2f} s (max {max(cyc):.2f}) | "
           f"+{max(r[2] for r in rows) - idle:.0f} MiB | {stage.live().mismatches} |")

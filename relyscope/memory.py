@@ -12,7 +12,8 @@ returned to the system only from its top. Two standard glibc controls (``mallopt
   start (:class:`relyscope.sidecar.Sidecar` does). An explicit ``MALLOC_ARENA_MAX`` environment
   variable (read by glibc itself at process start) wins: then this is not called.
 - :func:`trim` — ``malloc_trim(0)``: return the free pages of every arena to the system
-  (``madvise(MADV_DONTNEED)``), not only the heap top. :class:`Trimmer` calls it periodically.
+  (``madvise(MADV_DONTNEED)``), not only the heap top. :class:`Trimmer` calls it periodically,
+  with the embedded store's own purge (chDB's jemalloc: ``SYSTEM JEMALLOC PURGE``).
 
 On a C library other than glibc (musl, macOS) both are no-ops that return False.
 Figures: bench/README.md, section ``bench_memory.py``.
@@ -36,6 +37,7 @@ import os
 import platform
 import threading
 import time
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +105,22 @@ def settle_gc_if_due(interval_s: float) -> bool:
 
 
 class Trimmer:
-    """A daemon thread calling :func:`trim` every ``interval_s`` seconds until :meth:`stop`
-    (not started when ``interval_s`` is 0 or not on glibc). ``calls``: trims made; ``trims``: those
-    that released memory."""
+    """A daemon thread calling :meth:`release` every ``interval_s`` seconds until :meth:`stop`
+    (not started when ``interval_s`` is 0 or not on glibc). ``purge``: an optional second release
+    run each time, for memory glibc does not own — the sidecar passes
+    :meth:`relyscope.store.Store.release_memory` (embedded chDB allocates through its own
+    jemalloc, whose freed pages glibc's trim cannot return). A ``purge`` that raises is logged
+    and not called again; the trims go on.
 
-    def __init__(self, interval_s: float):
+    ``calls``: releases made; ``trims``: those where glibc released memory; ``purges``: those
+    where ``purge`` reported it did."""
+
+    def __init__(self, interval_s: float, purge: "Callable[[], bool] | None" = None):
         self.interval_s = interval_s
+        self.purge = purge
         self.calls = 0
         self.trims = 0
+        self.purges = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="relyscope-malloc-trim", daemon=True)
 
@@ -119,11 +129,22 @@ class Trimmer:
             self._thread.start()
         return self
 
+    def release(self) -> None:
+        """One release now: :func:`trim`, then ``purge`` (if any). Raises what :func:`trim`
+        raises (nothing on glibc); a failing ``purge`` is logged and dropped."""
+        if self.purge is not None:
+            try:
+                self.purges += bool(self.purge())
+            except Exception:  # noqa: BLE001 - a heap hint never takes the sidecar down
+                log.exception("memory purge failed; not calling it again")
+                self.purge = None
+        self.trims += trim()
+        self.calls += 1
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.trims += trim()
-                self.calls += 1
+                self.release()
             except Exception:  # noqa: BLE001 - never take the sidecar down for a heap hint
                 log.exception("malloc_trim failed")
                 return

@@ -104,6 +104,7 @@ class Sidecar:
 
         self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True,
                            retention=Retention.from_settings(s))
+        self._trimmer.purge = self.store.release_memory  # chDB's jemalloc, beside glibc's heap
         self.pipeline = Pipeline(s, self.store)
         self.pipeline.start()
         http_sock = _bind(s.otlp_http)
@@ -153,7 +154,7 @@ class Sidecar:
             h.stop()
         if self.pipeline is not None:
             self.pipeline.shutdown(timeout_s=max(0.5, deadline - time.monotonic()))
+        if self._trimmer is not None:  # before the store closes: it purges through the store
+            self._trimmer.stop()
         if self.store is not None:
             self.store.close()
-        if self._trimmer is not None:
-            self._trimmer.stop()

@@ -78,6 +78,45 @@ def test_trim_runs_and_trimmer_stops():
     assert memory.Trimmer(0).start()._thread.is_alive() is False  # 0: never
 
 
+@glibc
+def test_trimmer_runs_the_purge_beside_the_trim_and_drops_a_failing_one():
+    calls: list[int] = []
+    t = memory.Trimmer(0, purge=lambda: calls.append(1) or True)
+    t.release()
+    t.release()
+    assert (t.calls, t.purges, len(calls)) == (2, 2, 2)
+
+    def broken() -> bool:
+        raise RuntimeError("engine refused")
+
+    t = memory.Trimmer(0.01, purge=broken).start()
+    deadline = time.monotonic() + 10
+    while t.calls < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t.stop()
+    assert t.calls >= 3 and t.purge is None and t.purges == 0  # dropped after the first failure; trims go on
+
+
+_PURGE_PROBE = r"""
+import sys
+from relyscope.store import Store
+store = Store(f"chdb://{sys.argv[1]}/data")
+first = store.release_memory()
+store.close()
+print(first, store.release_memory())
+"""
+
+
+def test_an_embedded_store_purges_chdbs_allocator_and_a_closed_one_does_not(tmp_path):
+    """``SYSTEM JEMALLOC PURGE`` is accepted by the chDB the project pins (a build without
+    jemalloc would refuse it: the test would then fail, not pass silently). In a subprocess: one
+    chDB data directory per process."""
+    out = subprocess.run([sys.executable, "-c", _PURGE_PROBE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]
+
+
 def test_defaults_cap_arenas_and_trim():
     s = Settings()
     assert s.malloc_arena_max == 2 and s.malloc_trim_interval_s == 30.0

@@ -663,6 +663,24 @@ class Store:
         except Exception as e:  # noqa: BLE001
             raise StoreUnavailable(f"query failed: {e}") from e
 
+    def release_memory(self) -> bool:
+        """Return the embedded engine's freed memory to the system: ``SYSTEM JEMALLOC PURGE``
+        (chDB allocates through its own jemalloc, which keeps freed pages for reuse; glibc's
+        ``malloc_trim`` cannot return them). True when it ran; False on a ClickHouse server (its
+        memory is not this process's) or a closed store. A few ms; measured in
+        bench/README.md (``bench_live_scoring.py``: RSS max over idle +298 → +216 MiB). Raises
+        StoreUnavailable if the engine refuses the statement."""
+        if not self.embedded:
+            return False
+        with self._lock:
+            if self._client is None:
+                return False
+            try:
+                self._client.command("SYSTEM JEMALLOC PURGE")
+            except Exception as e:  # noqa: BLE001
+                raise StoreUnavailable(f"SYSTEM JEMALLOC PURGE failed: {e}") from e
+        return True
+
     def count_spans(self) -> int:
         """Stored spans, each (trace id, span id) once."""
         return self.query("SELECT count() FROM {db}.otel_traces FINAL")[0][0]
