@@ -653,3 +653,38 @@ def test_the_intern_table_of_action_sequences_stays_proportional_to_the_samples(
     assert len(kept) == 4 * ru.traj_sample  # the M most recent runs of each of the 4 tasks, all distinct
     assert len(live._interned) <= max(50, 2 * len(kept)) + 1
     assert all(live._interned[e[2]] is e[2] for runs in live._traj[g].values() for e in runs)
+
+
+def test_window_exact_sums_stay_int64_per_column_until_one_could_overflow_then_are_python_ints():
+    """A window keeps each Int128 / Int256 sum column in int64 (memory: ~8 B a value instead of
+    ~48) and turns that column alone into exact Python ints the first time one of its partial
+    sums could reach 2 ** 62. Values by hand, with repeated rows in one add and subtractions on
+    both sides of the switch; the other columns stay int64."""
+    import numpy as np
+
+    from relyscope.scoring.live import _BIG, _NCOL, WindowState
+
+    last = len(_BIG) - 1
+
+    def sums(small, big, n=1):  # n: the trials (n_all) each row adds, what keeps a task alive
+        a = np.zeros((len(small), _NCOL), dtype=object)
+        for i, (x, y) in enumerate(zip(small, big)):
+            a[i, 0], a[i, _BIG[0]], a[i, _BIG[last]] = n, x, y
+        return a
+
+    ws = WindowState("all", None, 0, 1, 0, False)
+    ws.add(["a", "b", "b"], sums([3, 1, 1], [3, 2**60, 2**60]))  # b: 2^61, within the int64 range kept
+    ws.add(["a"], sums([1], [1], n=0), sign=-1)
+    assert [c.dtype for c in ws.bigs.cols] == [np.dtype(np.int64)] * len(_BIG)
+    assert ws.bigs.rows(np.array([ws.ids["a"], ws.ids["b"]]))[:, [0, last]].tolist() == [[2, 2], [2, 2**61]]
+    ws.add(["b", "b"], sums([0, 0], [2**60, 2**60]))  # 2^61 + 2^61 = 2^62: could overflow → exact
+    assert ws.bigs.cols[last].dtype == object and ws.bigs.cols[0].dtype == np.int64
+    ws.add(["b", "a"], sums([5, 5], [2**200, 5]))
+    ws.add(["b"], sums([1], [2**200 - 7], n=0), sign=-1)
+    for _ in range(3):  # rows grown (new tasks) and compacted (a task gone) keep every value
+        ws.add([f"x{i}" for i in range(40)], sums([1] * 40, [1] * 40))
+    ws.add([f"x{i}" for i in range(40)], sums([3] * 40, [3] * 40, n=3), sign=-1)
+    ws.compact()
+    got = ws.bigs.rows(np.array([ws.ids["a"], ws.ids["b"]]))[:, [0, last]]
+    assert got.tolist() == [[7, 7], [6, 2**62 + 7]] and all(type(x) is int for x in got.ravel())
+    assert set(ws.ids) == {"a", "b"}

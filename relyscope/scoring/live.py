@@ -51,6 +51,9 @@ _NCOL: Final = len(SUM_COLUMNS)
 _INT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Int64"], dtype=np.int64)
 _FLT: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t == "Float64"], dtype=np.int64)
 _BIG: Final = np.array([i for i, (_, t) in enumerate(SUM_COLUMNS) if t in BIG_TYPES], dtype=np.int64)
+#: the largest magnitude a window's Int128 / Int256 sum keeps in int64 (:class:`ExactSums`;
+#: 2 ** 62: a factor 2 below int64's limit, far above float64's rounding of the bound check)
+_BIG_SAFE: Final = float(2**62)
 _N_ALL: Final = 0  # n_all is SUM_COLUMNS[0], an Int64 column (index 0 of _INT)
 # contrib_log row layout written by Rollup._row: 5 keys, end_ns, sums, q, y, actions, traj, sign, vns
 _R_TASK, _R_END, _R_SUMS = 4, 5, 6
@@ -61,8 +64,66 @@ _R_TID: Final = 3
 #: distinct action sequences the intern table may hold before its first rebuild
 _INTERN_MIN: Final = 10_000
 
-#: WindowState's arrays with one row per task (grown and compacted together)
-_ROW_ARRAYS: Final = ("ints", "flts", "bigs", "cres", "cres_ok", "tj", "tj_ok")
+#: WindowState's arrays with one row per task (grown and compacted together, with ``bigs``)
+_ROW_ARRAYS: Final = ("ints", "flts", "cres", "cres_ok", "tj", "tj_ok")
+
+
+class ExactSums:
+    """Per-task exact integer sums, one column per summed Int128 / Int256 rollup column
+    (:data:`_BIG`: resource sums and sums of squares). A column stays int64 while none of its
+    values can reach ±:data:`_BIG_SAFE` (counts, tokens, most sums: ~8 bytes per value) and
+    becomes exact Python ints (object) for good the first time one could (squares of durations
+    in ns or of costs in nano-USD: ~48 bytes per value). Read back as Python ints either way."""
+
+    __slots__ = ("cols",)
+
+    def __init__(self, cols: list[np.ndarray]):
+        self.cols = cols
+
+    @classmethod
+    def zeros(cls, n_rows: int, n_cols: int) -> "ExactSums":
+        return cls([np.zeros(n_rows, np.int64) for _ in range(n_cols)])
+
+    def __len__(self) -> int:
+        return len(self.cols[0]) if self.cols else 0
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """``(len(rows), n_cols)`` object array of Python ints."""
+        out = np.empty((len(rows), len(self.cols)), dtype=object)
+        for j, c in enumerate(self.cols):
+            out[:, j] = c[rows]  # int64 → Python ints in an object array
+        return out
+
+    def add_at(self, rows: np.ndarray, vals: np.ndarray, sign: int) -> None:
+        """Add (``sign`` 1) or subtract (−1) ``vals`` (Python ints, ``(len(rows), n_cols)``;
+        ``rows`` may repeat) exactly. An int64 column is promoted before the add when
+        |row| + Σ|added| (bounded in float64) could reach :data:`_BIG_SAFE`."""
+        touched = inv = None
+        for j, c in enumerate(self.cols):
+            v = vals[:, j]
+            if c.dtype != object:
+                try:
+                    mag = np.abs(np.asarray(v, dtype=np.float64))
+                except OverflowError:  # beyond float64 itself
+                    mag = None
+                if mag is not None:
+                    if touched is None:
+                        touched, inv = np.unique(rows, return_inverse=True)
+                    worst = np.abs(c[touched].astype(np.float64))
+                    np.add.at(worst, inv, mag)
+                if mag is None or (worst.size and not worst.max() < _BIG_SAFE):  # NaN/inf too
+                    c = self.cols[j] = c.astype(object)
+                else:
+                    a = np.asarray(v, dtype=np.int64)
+                    np.add.at(c, rows, a if sign > 0 else -a)
+                    continue
+            np.add.at(c, rows, v if sign > 0 else -v)  # object: exact Python ints
+
+    def grown(self, n_rows: int) -> "ExactSums":
+        return ExactSums([np.concatenate([c, np.zeros(n_rows - len(c), c.dtype)]) for c in self.cols])
+
+    def take(self, rows: np.ndarray) -> "ExactSums":
+        return ExactSums([c[rows].copy() for c in self.cols])
 
 
 @dataclass
@@ -80,7 +141,8 @@ class WindowState:
     tasks: list[str] = field(default_factory=list)
     ints: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_INT)), np.int64))
     flts: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_FLT)), np.float64))
-    bigs: np.ndarray = field(default_factory=lambda: np.zeros((0, len(_BIG)), object))
+    #: the Int128 / Int256 sums, exact (:class:`ExactSums`: int64 columns where they fit)
+    bigs: ExactSums = field(default_factory=lambda: ExactSums.zeros(0, len(_BIG)))
     hist: dict = field(default_factory=dict)  # (task, q) → [pos, neg], or q → [pos, neg] if pooled
     #: not pooled: the same histogram pooled over tasks (q → [pos, neg]), kept beside ``hist`` so
     #: point estimates need not walk every (task, q) entry (P_AUROC pools over tasks)
@@ -121,6 +183,7 @@ class WindowState:
                 for name in _ROW_ARRAYS:  # zeros: 0 sums, and per-task values not current
                     a = getattr(self, name)
                     setattr(self, name, np.concatenate([a, np.zeros((cap - a.shape[0], *a.shape[1:]), a.dtype)]))
+                self.bigs = self.bigs.grown(cap)
         return out
 
     def add(self, tasks: list[str], sums: np.ndarray, sign: int = 1) -> None:
@@ -136,8 +199,7 @@ class WindowState:
         self.churn += int(np.abs(ints[:, _N_ALL]).sum())
         np.add.at(self.flts, rows, flts)
         self.cres_ok[rows] = False
-        big = sums[:, _BIG]
-        np.add.at(self.bigs, rows, big if sign > 0 else -big)  # object dtype: exact Python ints
+        self.bigs.add_at(rows, sums[:, _BIG], sign)
         self.version += 1
 
     def add_hist(self, task: str, q: float, pos: int, neg: int) -> None:
@@ -189,6 +251,7 @@ class WindowState:
             return
         for name in _ROW_ARRAYS:
             setattr(self, name, getattr(self, name)[rows].copy())
+        self.bigs = self.bigs.take(rows)
         self.tasks = ids
         self.ids = {t: i for i, t in enumerate(ids)}
         self._live_memo = None  # row numbers changed
@@ -486,7 +549,7 @@ class LiveStats:
         else:  # the Int128 / Int256 sums only (the others are read from fsums)
             sums = np.empty((len(rows), _NCOL), dtype=object)
             if len(rows):
-                sums[:, _BIG] = ws.bigs[rows]
+                sums[:, _BIG] = ws.bigs.rows(rows)
         fsums = np.full((len(rows), _NCOL), np.nan)
         if len(rows):
             fsums[:, _INT] = ws.ints[rows]
@@ -547,7 +610,7 @@ class LiveStats:
         if len(rows):
             sums[:, _INT] = ws.ints[rows].astype(object)
             sums[:, _FLT] = ws.flts[rows].astype(object)
-            sums[:, _BIG] = ws.bigs[rows]
+            sums[:, _BIG] = ws.bigs.rows(rows)
         return sums
 
     def check(self, group: GroupKey, name: str, now_s: float, *, fresh: TaskStats | None = None) -> bool:
