@@ -4,7 +4,7 @@ Opens a store seeded by ``bench_live_scoring.py --seed-only DIR`` (use a copy: t
 writes scores), runs the first cycle as a sidecar start does (``rescore(all_groups=True)``),
 then prints RSS (idle → after, malloc arenas capped and trimmed as the sidecar does) and the
 Python-side size of each part of :class:`relyscope.scoring.live.LiveStats`: per window the sum
-arrays (``ints``, ``flts``, the Int128 ``bigs`` as Python ints), the confidence histogram, the
+arrays (``ints``, ``flts``, the Int128 / Int256 ``bigs``: int64 columns, Python ints where one could overflow), the confidence histogram, the
 per-task caches (``cres``, ``tj``), task ids, and the trajectory sample. Sizes are
 ``sys.getsizeof`` summed over distinct objects (a lower bound: allocator overhead not counted).
 
@@ -60,7 +60,7 @@ def main() -> None:
         for ws in wins.values():
             parts["ints"] += ws.ints.nbytes
             parts["flts"] += ws.flts.nbytes
-            parts["bigs"] += deep(ws.bigs, seen)
+            parts["bigs"] += deep(ws.bigs.cols, seen)
             parts["hist"] += deep(ws.hist, seen)
             parts["cres"] += ws.cres.nbytes + ws.cres_ok.nbytes
             parts["tj"] += ws.tj.nbytes + ws.tj_ok.nbytes

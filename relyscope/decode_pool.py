@@ -141,8 +141,9 @@ class OrderedPrefetch:
     (without the fix of CPython gh-107219) a future cancelled while it still waits in
     ``ProcessPoolExecutor``'s queue makes the pool's manager thread die with
     ``InvalidStateError`` if a worker dies before that future is dequeued; the futures after it
-    then never complete and the dead pool's queues are never closed. A dropped future costs at
-    most one needless decode.
+    then never complete and the dead pool's queues are never closed. A dropped future still
+    counts against the limits below until it is done, and a rewind to its record takes it up
+    again (:attr:`reused`) instead of decoding the record twice.
 
     At most ``max_records`` records and ``max_bytes`` of payload are in flight (at least one).
     ``timeout_s``: the longest wait for one result before the pool counts as hung (see the module
@@ -159,29 +160,66 @@ class OrderedPrefetch:
         self._from = 0  # the window covers sequences [_from, _next)
         self._next = 0
         self._bytes = 0
+        #: futures dropped from the window but not done yet (never cancelled: class docstring),
+        #: seq -> (future, payload): counted against the limits until done, and taken up again
+        #: when a rewind asks for the same record
+        self._dropped: dict[int, tuple[Future, bytes]] = {}
+        self._dropped_bytes = 0
+        self.reused = 0  # dropped futures taken up again by a rewind
         self.fallbacks = 0  # results decoded in the calling thread after a worker died
         self.restarts = 0  # pool restarts (a worker died or hung)
         self.last_restart: tuple[float, str] | None = None  # (time.time(), why) of the latest restart
 
     def reset(self, seq: int) -> None:
-        # futures dropped, never cancelled (see the class docstring)
+        for rseq, (fut, payload) in self._ahead.items():
+            self._drop(rseq, fut, payload)
         self._ahead.clear()
         self._bytes = 0
         self._from = self._next = seq
 
+    def _drop(self, seq: int, fut: Any, payload: bytes | None) -> None:
+        """Leave a future out of the window without cancelling it (class docstring); while it
+        runs it still counts against ``max_records`` / ``max_bytes``."""
+        if isinstance(fut, Future) and payload is not None and not fut.done():
+            old = self._dropped.pop(seq, None)
+            if old is not None:
+                self._dropped_bytes -= len(old[1])
+            self._dropped[seq] = (fut, payload)
+            self._dropped_bytes += len(payload)
+
+    def _prune(self) -> None:
+        for seq, (fut, payload) in list(self._dropped.items()):
+            if fut.done() and seq < self._next:  # finished and behind the fill point: not taken up
+                del self._dropped[seq]
+                self._dropped_bytes -= len(payload)
+
+    def _submit(self, rseq: int, item: bytes) -> Any:
+        """A future for ``item``: the dropped one of the same record if there is one (a spool
+        record never changes; compared to be sure), else a new submission (None: the pool is
+        broken, decode in the calling thread when taken)."""
+        got = self._dropped.pop(rseq, None)
+        if got is not None:
+            self._dropped_bytes -= len(got[1])
+            fut, payload = got
+            if payload == item and not (fut.done() and fut.exception() is not None):
+                self.reused += 1
+                return fut
+        try:
+            return self.pool.submit(item)
+        except BrokenProcessPool:
+            self._broken()
+            return None
+
     def _fill(self, fetch: Callable[[int], tuple[int, Any] | None]) -> None:
-        while len(self._ahead) < self.max_records and (not self._ahead or self._bytes < self.max_bytes):
+        self._prune()
+        while (len(self._ahead) + len(self._dropped) < self.max_records
+               and (not self._ahead or self._bytes + self._dropped_bytes < self.max_bytes)) or not self._ahead:
             got = fetch(self._next)
             if got is None:
                 return
             rseq, item = got
             if isinstance(item, (bytes, bytearray, memoryview)):
-                try:
-                    fut: Any = self.pool.submit(item)
-                except BrokenProcessPool:
-                    self._broken()
-                    fut = None  # decoded in the calling thread when taken
-                self._ahead[rseq] = (fut, item)
+                self._ahead[rseq] = (self._submit(rseq, item), item)
                 self._bytes += len(item)
             else:
                 self._ahead[rseq] = (item, None)
@@ -191,6 +229,8 @@ class OrderedPrefetch:
         """A worker died (or hung: ``kill``): new processes; what was in flight on the old ones is
         submitted again (or, if that fails too, decoded in the calling thread when taken)."""
         log.warning("%s; restarting the pool and resubmitting %d records", why, len(self._ahead))
+        self._dropped.clear()  # the old pool fails them all (BrokenProcessPool)
+        self._dropped_bytes = 0
         self.restarts += 1
         self.last_restart = (time.time(), why)
         try:
@@ -221,8 +261,9 @@ class OrderedPrefetch:
         if not (self._from <= seq <= self._next):
             self.reset(seq)
         while self._ahead and next(iter(self._ahead)) < seq:  # processed meanwhile (skipped records)
-            _, (fut, payload) = self._ahead.popitem(last=False)  # dropped, not cancelled (class docstring)
+            rseq, (fut, payload) = self._ahead.popitem(last=False)
             self._bytes -= len(payload) if payload is not None else 0
+            self._drop(rseq, fut, payload)
         self._from = seq
         self._fill(fetch)
         if not self._ahead:

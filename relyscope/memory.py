@@ -55,6 +55,9 @@ def _glibc() -> ctypes.CDLL | None:
 
 _LIBC = _glibc()
 
+#: failures in a row after which :class:`Trimmer` stops calling its ``purge``
+PURGE_FAILURES_MAX = 5
+
 
 def set_arena_max(n: int) -> bool:
     """``mallopt(M_ARENA_MAX, n)`` (``n`` ≥ 1). Returns True when glibc accepted it; False on
@@ -106,14 +109,15 @@ def settle_gc_if_due(interval_s: float) -> bool:
 
 class Trimmer:
     """A daemon thread calling :meth:`release` every ``interval_s`` seconds until :meth:`stop`
-    (not started when ``interval_s`` is 0 or not on glibc). ``purge``: an optional second release
-    run each time, for memory glibc does not own — the sidecar passes
-    :meth:`relyscope.store.Store.release_memory` (embedded chDB allocates through its own
-    jemalloc, whose freed pages glibc's trim cannot return). A ``purge`` that raises is logged
-    and not called again; the trims go on.
+    (not started when ``interval_s`` is 0, or when there is neither glibc nor a ``purge``).
+    ``purge``: an optional release run first each time, for memory glibc does not own — the
+    sidecar passes :meth:`relyscope.store.Store.release_memory` (embedded chDB allocates
+    through its own jemalloc, whose freed pages glibc's trim cannot return). A ``purge`` that
+    raises is logged and tried again next time; after :data:`PURGE_FAILURES_MAX` failures in a
+    row it is not called again. The trims go on either way.
 
     ``calls``: releases made; ``trims``: those where glibc released memory; ``purges``: those
-    where ``purge`` reported it did."""
+    where ``purge`` reported it did; ``purge_failures``: failures in a row so far."""
 
     def __init__(self, interval_s: float, purge: "Callable[[], bool] | None" = None):
         self.interval_s = interval_s
@@ -121,23 +125,29 @@ class Trimmer:
         self.calls = 0
         self.trims = 0
         self.purges = 0
+        self.purge_failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="relyscope-malloc-trim", daemon=True)
 
     def start(self) -> "Trimmer":
-        if _LIBC is not None and self.interval_s > 0:
+        if (_LIBC is not None or self.purge is not None) and self.interval_s > 0:
             self._thread.start()
         return self
 
     def release(self) -> None:
-        """One release now: :func:`trim`, then ``purge`` (if any). Raises what :func:`trim`
-        raises (nothing on glibc); a failing ``purge`` is logged and dropped."""
+        """One release now: ``purge`` (if any), then :func:`trim`. Raises what :func:`trim`
+        raises (nothing on glibc); a failing ``purge`` is logged (see the class docstring)."""
         if self.purge is not None:
             try:
                 self.purges += bool(self.purge())
+                self.purge_failures = 0
             except Exception:  # noqa: BLE001 - a heap hint never takes the sidecar down
-                log.exception("memory purge failed; not calling it again")
-                self.purge = None
+                self.purge_failures += 1
+                last = self.purge_failures >= PURGE_FAILURES_MAX
+                log.warning("memory purge failed (%d in a row)%s", self.purge_failures,
+                            "; not calling it again" if last else "", exc_info=True)
+                if last:
+                    self.purge = None
         self.trims += trim()
         self.calls += 1
 

@@ -99,12 +99,12 @@ class Sidecar:
         token = s.auth_token.get_secret_value() if s.auth_token else None
         if s.malloc_arena_max:  # before the store's and the pipeline's threads allocate
             memory.set_arena_max(s.malloc_arena_max)
-        self._trimmer = memory.Trimmer(s.malloc_trim_interval_s).start()
         from relyscope.store.schema import Retention
 
         self.store = Store(s.store, fault_file=s.fault_store_down_file, lazy=True,
                            retention=Retention.from_settings(s))
-        self._trimmer.purge = self.store.release_memory  # chDB's jemalloc, beside glibc's heap
+        # glibc's heap and chDB's own jemalloc
+        self._trimmer = memory.Trimmer(s.malloc_trim_interval_s, purge=self.store.release_memory).start()
         self.pipeline = Pipeline(s, self.store)
         self.pipeline.start()
         http_sock = _bind(s.otlp_http)

@@ -291,3 +291,31 @@ def test_a_reset_then_a_dead_worker_leaves_the_pools_manager_thread_alive_and_ev
     finally:
         threading.excepthook = old_hook
         p.close()
+
+
+def test_a_rewind_takes_up_the_dropped_futures_and_they_still_count_against_the_window():
+    """Dropped (not cancelled) futures must not multiply the work in flight: until done they
+    count against ``max_records``, and a rewind to their records reuses them. By hand, with a
+    window of 4: records 1–5 submitted, a rewind to 1 resubmits only record 1, then 2–5 are taken
+    up again and 6–8 are new: 9 submissions (13 if every rewind decoded its window again)."""
+    import builtins
+
+    p = DecodePool(builtins.eval, 1)
+    submitted: list[bytes] = []
+    real = p.submit
+    p.submit = lambda payload: submitted.append(payload) or real(payload)
+    try:
+        p.started.result(timeout=120)
+        recs = {i: f"{i} + 0 * (__import__('time').sleep(0.2) or 0)".encode() for i in range(1, 9)}
+        fetch = _source(recs)
+        pf = OrderedPrefetch(p, max_records=4, max_bytes=1 << 20)
+        assert pf.take(1, fetch)[:2] == (1, 1) and len(submitted) == 5
+        seq, seen = 1, []  # the caller rewound: a failed store write
+        while (got := pf.take(seq, fetch)) is not None:
+            assert len(pf._ahead) + len(pf._dropped) <= 4
+            seen.append(got[:2])
+            seq = got[0] + 1
+        assert seen == [(i, i) for i in range(1, 9)]
+        assert len(submitted) == 9 and pf.reused == 4
+    finally:
+        p.close()

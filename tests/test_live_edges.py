@@ -681,6 +681,9 @@ def test_window_exact_sums_stay_int64_per_column_until_one_could_overflow_then_a
     assert ws.bigs.cols[last].dtype == object and ws.bigs.cols[0].dtype == np.int64
     ws.add(["b", "a"], sums([5, 5], [2**200, 5]))
     ws.add(["b"], sums([1], [2**200 - 7], n=0), sign=-1)
+    ws.add(["a"], sums([2**62], [0], n=0), sign=-1)  # a subtraction that could overflow: column 0 exact too
+    assert ws.bigs.cols[0].dtype == object
+    ws.add(["a"], sums([2**62], [0], n=0))
     for _ in range(3):  # rows grown (new tasks) and compacted (a task gone) keep every value
         ws.add([f"x{i}" for i in range(40)], sums([1] * 40, [1] * 40))
     ws.add([f"x{i}" for i in range(40)], sums([3] * 40, [3] * 40, n=3), sign=-1)

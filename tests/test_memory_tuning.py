@@ -78,23 +78,39 @@ def test_trim_runs_and_trimmer_stops():
     assert memory.Trimmer(0).start()._thread.is_alive() is False  # 0: never
 
 
-@glibc
-def test_trimmer_runs_the_purge_beside_the_trim_and_drops_a_failing_one():
+def test_trimmer_runs_the_purge_and_gives_up_on_it_only_after_failures_in_a_row():
     calls: list[int] = []
     t = memory.Trimmer(0, purge=lambda: calls.append(1) or True)
     t.release()
     t.release()
     assert (t.calls, t.purges, len(calls)) == (2, 2, 2)
 
-    def broken() -> bool:
-        raise RuntimeError("engine refused")
+    fails = iter([True, True, False] + [True] * 10)  # True: this call raises
 
-    t = memory.Trimmer(0.01, purge=broken).start()
+    def flaky() -> bool:
+        if next(fails):
+            raise RuntimeError("store unavailable for a moment")
+        return True
+
+    t = memory.Trimmer(0, purge=flaky)
+    for _ in range(3):  # two failures, then one that works: the count starts over
+        t.release()
+    assert (t.purges, t.purge_failures, t.purge is flaky) == (1, 0, True)
+    for _ in range(memory.PURGE_FAILURES_MAX - 1):
+        t.release()
+    assert t.purge is flaky and t.purge_failures == memory.PURGE_FAILURES_MAX - 1
+    t.release()  # the 5th failure in a row: not called again; the trims go on
+    t.release()
+    assert t.purge is None and t.calls == 3 + memory.PURGE_FAILURES_MAX + 1
+
+
+def test_a_trimmer_with_a_purge_starts_and_stops():
+    t = memory.Trimmer(0.01, purge=lambda: True).start()
     deadline = time.monotonic() + 10
-    while t.calls < 3 and time.monotonic() < deadline:
+    while t.purges < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     t.stop()
-    assert t.calls >= 3 and t.purge is None and t.purges == 0  # dropped after the first failure; trims go on
+    assert t.purges >= 3 and not t._thread.is_alive()
 
 
 _PURGE_PROBE = r"""

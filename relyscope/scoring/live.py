@@ -103,20 +103,24 @@ class ExactSums:
             v = vals[:, j]
             if c.dtype != object:
                 try:
-                    mag = np.abs(np.asarray(v, dtype=np.float64))
+                    fv = np.asarray(v, dtype=np.float64)
                 except OverflowError:  # beyond float64 itself
-                    mag = None
-                if mag is not None:
+                    fv = None
+                fits = fv is not None
+                if fits:
                     if touched is None:
                         touched, inv = np.unique(rows, return_inverse=True)
                     worst = np.abs(c[touched].astype(np.float64))
-                    np.add.at(worst, inv, mag)
-                if mag is None or (worst.size and not worst.max() < _BIG_SAFE):  # NaN/inf too
-                    c = self.cols[j] = c.astype(object)
-                else:
-                    a = np.asarray(v, dtype=np.int64)
+                    np.add.at(worst, inv, np.abs(fv))
+                    fits = not worst.size or worst.max() < _BIG_SAFE  # False for NaN / inf too
+                if fits:
+                    a = fv.astype(np.int64)
+                    fits = bool((a == fv).all())  # a fraction would be cut: keep it exact instead
+                if fits:
+                    a = np.asarray(v, dtype=np.int64)  # from the ints themselves: exact below 2^62
                     np.add.at(c, rows, a if sign > 0 else -a)
                     continue
+                c = self.cols[j] = c.astype(object)
             np.add.at(c, rows, v if sign > 0 else -v)  # object: exact Python ints
 
     def grown(self, n_rows: int) -> "ExactSums":

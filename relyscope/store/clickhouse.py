@@ -667,9 +667,10 @@ class Store:
         """Return the embedded engine's freed memory to the system: ``SYSTEM JEMALLOC PURGE``
         (chDB allocates through its own jemalloc, which keeps freed pages for reuse; glibc's
         ``malloc_trim`` cannot return them). True when it ran; False on a ClickHouse server (its
-        memory is not this process's) or a closed store. A few ms; measured in
-        bench/README.md (``bench_live_scoring.py``: RSS max over idle +298 → +216 MiB). Raises
-        StoreUnavailable if the engine refuses the statement."""
+        memory is not this process's) or a closed store. ~10 ms (max 23–50 ms in
+        bench/README.md, ``bench_live_scoring.py``), holding the store lock; there, RSS over idle
+        at the max went from about +300 to +216–248 MiB. Raises StoreUnavailable if the engine
+        refuses the statement."""
         if not self.embedded:
             return False
         with self._lock:
