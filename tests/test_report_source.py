@@ -91,11 +91,13 @@ def test_store_held_by_the_sidecar_is_read_through_it_and_says_so(two_stores):
     assert _agents(r.stdout) == {"alpha"}
     assert json.loads(r.stdout)["source"] == {"from": "sidecar", "api": sc.api, "store": f"chdb://{a}"}
     assert f"is held by the sidecar at {sc.api}" in " ".join(r.stderr.split())
+    assert "DB::Exception" not in r.stderr and "Cannot lock file" not in r.stderr, r.stderr  # chDB's own print
     # no sidecar at --api: the directory is in use and nothing vouches for it
     r = _cli("report", "--n-boot", "0", "--api", "http://127.0.0.1:9", "--store", f"chdb://{a}")
     assert r.returncode == 1
     err = " ".join(r.stderr.split())
     assert "in use by another process" in err and "http://127.0.0.1:9 does not answer" in err, err
+    assert "DB::Exception" not in err, err
 
 
 def test_score_of_spans_without_an_agent_run_gives_an_offline_hint(tmp_path):

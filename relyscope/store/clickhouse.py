@@ -90,6 +90,36 @@ def resolve_dsn(dsn: str) -> str:
     return dsn
 
 
+#: embedded data directories this process has opened (chDB keeps them open until exit)
+_OPENED_HERE: set[str] = set()
+
+
+def chdb_held_elsewhere(path: str) -> bool:
+    """Whether another process holds the chDB data directory ``path``: ClickHouse keeps an
+    exclusive ``flock`` on ``<path>/status`` while it runs. Probed without opening the engine
+    (which prints its own "Cannot lock file" error to stderr before failing); False for a
+    directory this process opened (a second ``flock`` here would conflict with its own) or that
+    has no status file yet."""
+    if path in _OPENED_HERE:
+        return False
+    try:
+        fd = os.open(os.path.join(path, "status"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    except (OSError, ImportError):  # no flock here: let the engine decide
+        return False
+    finally:
+        os.close(fd)
+
+
 def _attr_str(v: Any) -> str:
     """An attribute value as its stored string: str as is, bools ``true``/``false``, ints and
     floats as ``str``/``repr``, bytes as hex, None as ``""``, anything else as JSON."""
@@ -380,6 +410,11 @@ class Store:
 
     def _connect(self) -> None:
         """Open the client and create the schema (idempotent DDL). Raises StoreUnavailable."""
+        path = chdb_path(self.dsn) if self.embedded else None
+        if path is not None and chdb_held_elsewhere(path):
+            raise StoreUnavailable(
+                f"cannot open {self.dsn}: the data directory is in use by another process (chDB lets "
+                "one process open a data directory; ask the running sidecar with --api instead)")
         try:
             # lookups by id lists (rollup sync, replays, rehydration) bind thousands of ids into the
             # query text: ClickHouse's default max_query_size (256 KiB) refused them under load and
@@ -398,6 +433,8 @@ class Store:
                     "one process open a data directory; ask the running sidecar with --api instead)") from e
             raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
         self._client = client
+        if path is not None:
+            _OPENED_HERE.add(path)
 
     def _apply_retention(self, client, tables) -> list[str]:
         from relyscope.store.schema import apply_retention, ttl_clauses
