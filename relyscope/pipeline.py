@@ -211,12 +211,16 @@ class Pipeline:
 
         self.gate_policy = load_gate_policy(settings.gate_policy_file) if settings.gate_policy_file \
             else default_gate_policy()
-        self.gate_results: dict = {}  # (agent, baseline, candidate, mode) → latest GateResult
+        from relyscope.shadow.verdicts import GateVerdicts
+
+        #: (agent, baseline, candidate, mode) → the latest published GateResult, kept in the store
+        self.gate_results = GateVerdicts(store, self.gate_policy)
         self.shadow = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the worker (which first replays what the spool holds) and the scorer thread."""
+        self.gate_results.load()  # the verdicts published before a restart (again at reads if the store is down)
         if self.spool.pending_records:
             log.info("replaying %d spooled batches", self.spool.pending_records)
         workers = self.settings.decode_workers

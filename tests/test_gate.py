@@ -469,3 +469,28 @@ def test_needs_more_tasks_is_none_when_delta_is_on_the_bound_up_to_float_roundin
     # a Δ 0.001 below the bound is a real (large) estimate: h = hi − Δ = 0.215, g = 0.001
     # → 21·215² = 970 725 needed, 970 704 more
     assert needs_more_tasks_estimate(21, -0.101, (-0.326, 0.114), -0.1) == 970_725 - 21
+
+
+def test_a_verdict_comes_back_from_its_json_as_it_was_published() -> None:
+    """What the store keeps of a published verdict (``to_json``) gives the same result back: the
+    block with its hand-computed Δ (test above), NaN deltas (not measured) and None intervals."""
+    import json
+    import math
+
+    from relyscope.scorers.gate import GateResult, policy_digest
+
+    cand = [max(c - 3, 0) for c in BASE_COUNTS]
+    for r in (evaluate_gate(side(trials_from_counts("b", BASE_COUNTS)), side(trials_from_counts("c", cand)), GatePolicy()),
+              evaluate_gate(side(trials_from_counts("b", [1, 2, 3, 4, 2])), side(trials_from_counts("c", [2, 3, 3, 5, 3])),
+                            GatePolicy())):
+        back = GateResult.from_json(json.loads(json.dumps(r.to_json(), allow_nan=False)))
+        assert back.to_json() == r.to_json()
+        assert (back.verdict, back.exit_code, back.needs_more_tasks) == (r.verdict, r.exit_code, r.needs_more_tasks)
+        for k, d in r.deltas.items():
+            b = back.deltas[k]
+            for x, y in ((d.delta, b.delta), (d.baseline, b.baseline), (d.bound, b.bound)):
+                assert (math.isnan(x) and math.isnan(y)) or x == y, k
+    sr = next(x for x in back.reasons if x.name == "success_rate")
+    assert sr.verdict == "inconclusive" and sr.needs_more_tasks == 15
+    assert policy_digest(GatePolicy()) == policy_digest(GatePolicy())
+    assert policy_digest(GatePolicy(min_tasks=21)) != policy_digest(GatePolicy())

@@ -58,6 +58,7 @@ def test_ttls_on_create_follow_the_settings(chdb_path):
         "shadow_samples": "TTL toDateTime(decided_at) + toIntervalSecond(864000)",
         "shadow_replays": "TTL toDateTime(intDiv(version_ns, 1000000000)) + toIntervalSecond(864000)",
         "scores": "TTL toDateTime(computed_at) + toIntervalSecond(4320000)",              # 50 d
+        "gate_verdicts": "TTL toDateTime(evaluated_at) + toIntervalSecond(4320000)",      # as scores
         "task_stats": "TTL bucket + toIntervalSecond(172800) WHERE level = 1, bucket + toIntervalSecond(5184000) "
                       "WHERE level = 2",                                                     # 2 d, 60 d
         "conf_stats": "TTL bucket + toIntervalSecond(172800) WHERE level = 1, bucket + toIntervalSecond(5184000) "

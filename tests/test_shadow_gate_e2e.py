@@ -248,3 +248,31 @@ def test_since_error_lists_only_versions_within_the_scope(gated):
     # without a scope: every version with its count, as before
     d = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "7.7"}).json()["detail"]
     assert "versions with shadow runs: " in d and "1.1 (72 runs)" in d, d
+
+
+def test_published_verdicts_survive_a_restart_of_the_sidecar(gated):
+    """Last in this module: it restarts the sidecar. The gauge a blocked candidate's alert reads
+    (and the report's gates) came back empty after a restart until someone gated again; the
+    latest verdicts are now kept in the store and taken up at start. The what-if under another
+    policy is not (it never was published)."""
+    sc, tmp, _ = gated
+    assert gate(sc, "--baseline", "1.0", "--candidate", "2.0").returncode == 1  # block, published
+    assert gate(sc, "--baseline", "1.0", "--candidate", "1.1").returncode == 0  # pass, published
+    env = dict(sc.env)
+    assert sc.kill() == 0
+    sc2 = start_sidecar(tmp / "sc", extra_env=env)
+    try:
+        m = sc2.get("/metrics").text
+        for cand, verdict in (("2.0", "block"), ("1.1", "pass")):
+            line = (f'relyscope_gate_verdict{{agent="refund-agent",baseline="1.0",candidate="{cand}",mode="shadow",'
+                    f'verdict="{verdict}"}} 1.0')
+            assert line in m, cand
+        gates = {(g["baseline"], g["candidate"]): g for g in sc2.report()["gates"]}
+        assert gates[("1.0", "2.0")]["verdict"] == "block"
+        assert gates[("1.0", "2.0")]["deltas"]["success_rate"]["candidate"] == 0.0
+        # gating again replaces the stored verdict (the later publication wins), also across restarts
+        p = subprocess.run([str(RELYSCOPE_BIN), "gate", "--api", sc2.api, "--baseline", "1.0", "--candidate", "2.0",
+                            "--format", "json"], capture_output=True, text=True, timeout=300)
+        assert json.loads(p.stdout)["stored"] is True
+    finally:
+        sc2.kill()

@@ -724,7 +724,7 @@ def _demo_shadow(sc, seed: int) -> list[dict]:
     for cand in ("1.0.1", "1.1.0"):
         res, exp = run_gate(pipe.load_trials, pipe.store, baseline="1.0.0", candidate=cand,
                             policy=pipe.gate_policy, safety_policy=pipe.policy, mode="shadow")
-        pipe.gate_results[(exp["agent"], "1.0.0", cand, "shadow")] = res
+        pipe.gate_results.publish((exp["agent"], "1.0.0", cand, "shadow"), res)
         out.append({**res.to_json(), "baseline": "1.0.0", "candidate": cand, "mode": "shadow",
                     "agent": exp["agent"], "experiment": exp})
     return out

@@ -248,6 +248,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         rep = build_report(scores, pipeline.report_extras(scores, name), window=name)
         from relyscope.exporter.shadow_api import gates_json
 
+        pipeline.gate_results.load()  # no-op once loaded
         if pipeline.gate_results:  # the latest verdict of each comparison gated so far
             rep["gates"] = gates_json(pipeline.gate_results, agent)
         st = pipeline.settings  # how trials finalize: the empty report's hint quotes these

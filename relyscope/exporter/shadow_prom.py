@@ -76,7 +76,10 @@ class ShadowCollector(Collector):
         delta = GaugeMetricFamily("relyscope_gate_delta", "Gated metric, candidate − baseline", labels=labels + ["metric"])
         lo = GaugeMetricFamily("relyscope_gate_delta_ci_low", "Lower 95% bound of the gated delta", labels=labels + ["metric"])
         hi = GaugeMetricFamily("relyscope_gate_delta_ci_high", "Upper 95% bound of the gated delta", labels=labels + ["metric"])
-        for key, res in sorted(getattr(self.p, "gate_results", {}).items()):
+        gates = getattr(self.p, "gate_results", {})
+        if hasattr(gates, "load"):
+            gates.load()  # no-op once loaded; retried here while the store was down at start
+        for key, res in sorted(gates.items()):
             lv = list(key)
             for v in _VERDICTS:
                 verdict.add_metric(lv + [v], 1.0 if res.verdict == v else 0.0)

@@ -498,6 +498,47 @@ class GateResult:
         }
 
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "GateResult":
+        """The inverse of :meth:`to_json` (what the store keeps of a published verdict): ``None``
+        floats of the deltas come back as NaN, absent intervals as None. Raises KeyError /
+        TypeError / ValueError for a dict that :meth:`to_json` did not make."""
+        nan = float("nan")
+
+        def f(x: Any) -> float:
+            return nan if x is None else float(x)
+
+        def ci(x: Any) -> tuple[float, float] | None:
+            return None if x is None else (float(x[0]), float(x[1]))
+
+        reasons = tuple(GateReason(
+            kind=r["kind"], name=r["name"], verdict=r["verdict"], message=r["message"], value=r["value"],
+            delta=r["delta"], ci=ci(r["ci"]), bound=r["bound"], n_tasks=r["n_tasks"],
+            n_trials_baseline=r["n_trials_baseline"], n_trials_candidate=r["n_trials_candidate"],
+            needs_more_tasks=r["needs_more_tasks"]) for r in d["reasons"])
+        deltas = {k: MetricDelta(
+            metric=k, baseline=f(x["baseline"]), candidate=f(x["candidate"]), delta=f(x["delta"]), ci=ci(x["ci"]),
+            n_tasks=int(x["n_tasks"]), n_trials_baseline=int(x["n_trials_baseline"]),
+            n_trials_candidate=int(x["n_trials_candidate"]), bound=f(x["bound"]), verdict=x["verdict"],
+            needs_more_tasks=x["needs_more_tasks"]) for k, x in d["deltas"].items()}
+        b = d["bootstrap"]
+        return cls(verdict=d["verdict"], exit_code=int(d["exit_code"]), reasons=reasons, deltas=deltas,
+                   needs_more_tasks=d["needs_more_tasks"], n_shared_tasks=int(d["shared_tasks"]),
+                   n_tasks_baseline=int(d["tasks"]["baseline"]), n_tasks_candidate=int(d["tasks"]["candidate"]),
+                   n_trials_baseline=int(d["trials"]["baseline"]), n_trials_candidate=int(d["trials"]["candidate"]),
+                   baseline_label=d["baseline"], candidate_label=d["candidate"], n_boot=int(b["n_boot"]),
+                   seed=int(b["seed"]), level=float(b["level"]), formula_set=d["formula_set"])
+
+
+def policy_digest(policy: "GatePolicy") -> str:
+    """A stable digest (hex SHA-256, 16 characters) of a gate policy's values: a stored verdict is
+    taken up again at start only under the policy it was reached with."""
+    import hashlib
+    import json
+
+    text = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 # --- the estimate of more tasks ----------------------------------------------------------------------
 
 

@@ -262,11 +262,17 @@ SCHEMA = [
         n_miss UInt32, n_faults UInt32, n_side_effects UInt32,
         scheduled_at DateTime64(3), finished_at Nullable(DateTime64(3)), version_ns UInt64
     ) ENGINE = ReplacingMergeTree(version_ns) ORDER BY replay_id""",
+    # the latest published release-gate verdict of each comparison, per gate policy (reloaded at
+    # start: relyscope_gate_verdict and the RelyscopeCandidateBlocked alert survive a restart)
+    """CREATE TABLE IF NOT EXISTS {db}.gate_verdicts (
+        agent String, baseline String, candidate String, mode LowCardinality(String),
+        policy String, result String, evaluated_at DateTime64(9)
+    ) ENGINE = ReplacingMergeTree(evaluated_at) ORDER BY (agent, baseline, candidate, mode, policy)""",
 ]
 
 #: the tables of :data:`SCHEMA` (retention: relyscope.store.schema)
 STORE_TABLES = ("otel_traces", "trials", "outcomes", "scores", "judgements", "grades", "shadow_samples",
-                "shadow_replays")
+                "shadow_replays", "gate_verdicts")
 #: what the rollups are made from (trials, the outcomes and verdicts that resolve them, the replay
 #: ledger that resolves replays; grades go with their trials): expired only once rolled up
 ROLLED_UP_TABLES = ("trials", "outcomes", "judgements", "grades", "shadow_samples", "shadow_replays")
@@ -607,7 +613,8 @@ class Store:
 
     #: the version column of each table whose rows replace or outrank earlier ones by it
     _STAMPED = {"trials": ("version_ns", "%(now)s"), "outcomes": ("toUnixTimestamp64Nano(posted_at)",
-                                                              "fromUnixTimestamp64Nano(%(now)s)")}
+                                                              "fromUnixTimestamp64Nano(%(now)s)"),
+                "gate_verdicts": ("toUnixTimestamp64Nano(evaluated_at)", "fromUnixTimestamp64Nano(%(now)s)")}
 
     def stamp_ns(self, table: str, n: int = 1) -> int:
         """The first of ``n`` consecutive version stamps (Unix ns) for rows of ``table``
@@ -622,7 +629,7 @@ class Store:
             last = self._stamps.get(table)
             if last is None:
                 col, arg = self._STAMPED[table]
-                where = col.replace("toUnixTimestamp64Nano(posted_at)", "posted_at")
+                where = re.sub(r"toUnixTimestamp64Nano\((\w+)\)", r"\1", col)
                 rows = self.query(f"SELECT max({col}) FROM {{db}}.{table} WHERE {where} > {arg}", {"now": now})
                 last = int(rows[0][0] or 0) if rows else 0
             base = max(now, last + 1)
@@ -699,6 +706,26 @@ class Store:
             raise
         except Exception as e:  # noqa: BLE001
             raise StoreUnavailable(f"query failed: {e}") from e
+
+    def insert_gate_verdict(self, key: tuple[str, str, str, str], policy: str, result: dict) -> None:
+        """Keep a published gate verdict: ``key`` (agent, baseline, candidate, mode), ``policy``
+        the gate policy's digest (:func:`relyscope.scorers.gate.policy_digest`), ``result`` its
+        ``GateResult.to_json()``. Raises StoreUnavailable."""
+        import json
+
+        self._insert("gate_verdicts", [[*key, policy, json.dumps(result, allow_nan=False),
+                                        self.stamp_ns("gate_verdicts")]],
+                     ["agent", "baseline", "candidate", "mode", "policy", "result", "evaluated_at"])
+
+    def latest_gate_verdicts(self, policy: str) -> dict[tuple[str, str, str, str], dict]:
+        """The latest verdict kept under gate policy digest ``policy`` of each (agent, baseline,
+        candidate, mode): key → the ``to_json()`` dict. Raises StoreUnavailable."""
+        import json
+
+        rows = self.query("SELECT agent, baseline, candidate, mode, argMax(result, evaluated_at) "
+                          "FROM {db}.gate_verdicts WHERE policy = %(p)s GROUP BY agent, baseline, candidate, mode",
+                          {"p": policy})
+        return {tuple(r[:4]): json.loads(r[4]) for r in rows}
 
     def release_memory(self) -> bool:
         """Return the embedded engine's freed memory to the system: ``SYSTEM JEMALLOC PURGE``

@@ -61,12 +61,13 @@ _STORED_AT: Final = {
     "shadow_samples": "toDateTime(decided_at)",
     "shadow_replays": "toDateTime(intDiv(version_ns, 1000000000))",
     "scores": "toDateTime(computed_at)",
+    "gate_verdicts": "toDateTime(evaluated_at)",
 }
 #: Retention field → the setting it comes from (named in error messages)
 _SETTING_NAMES: Final = {"spans_days": "spans_ttl_days", "trials_days": "trials_ttl_days",
                          "scores_days": "scores_ttl_days", "rollup_minute_days": "rollup_minute_ttl_days",
                          "rollup_hour_days": "rollup_hour_ttl_days", "traj_sample_days": "traj_sample_ttl_days"}
-_SETTING_OF: Final = {"otel_traces": "spans", "scores": "scores"}  # the rest: "trials"
+_SETTING_OF: Final = {"otel_traces": "spans", "scores": "scores", "gate_verdicts": "scores"}  # the rest: "trials"
 
 
 #: the longest retention, days: ClickHouse ``DateTime`` + ``toIntervalSecond`` wraps around past
