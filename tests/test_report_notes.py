@@ -82,6 +82,18 @@ def test_empty_report_says_when_trials_finalize():
     assert "RELYSCOPE_SCORE_INTERVAL_S=10 s" in out and "POST /api/v1/flush" in out
 
 
+def test_an_empty_report_before_the_first_scoring_cycle_says_so_not_that_no_trial_exists():
+    """A fresh-user run: right after a restart on a store with 984 finalized trials the report
+    said "no finalized trials yet" and suggested a flush; the sidecar had not scored yet."""
+    out = _text({"formula_set": "relyscope-v1", "groups": [], "window": "all",
+                 "finalize": {"grace_period_s": 5.0, "score_interval_s": 10.0, "scoring_cycles": 0}})
+    assert "no finalized trials yet" not in out and "flush" not in out
+    assert "has not finished its first scoring cycle" in out
+    out = _text({"formula_set": "relyscope-v1", "groups": [], "window": "all",
+                 "finalize": {"grace_period_s": 5.0, "score_interval_s": 10.0, "scoring_cycles": 3}})
+    assert "no finalized trials yet" in out
+
+
 def _replay(i: int, task: str, outcome: str, family: str) -> Trial:
     t = _trial(i, task, outcome, None)
     return Trial(**{**{f: getattr(t, f) for f in t.__dataclass_fields__}, "run_kind": "shadow",

@@ -65,6 +65,13 @@ def render_report(rep: dict, console: Console, empty: str | None = None) -> None
             console.print("[yellow]no trials[/yellow]")
             console.print(escape(empty), soft_wrap=True)
             return
+        fin = rep.get("finalize") or {}
+        if fin.get("scoring_cycles") == 0:  # just started: the stored history is being scored
+            console.print("[yellow]no scores yet: the sidecar has not finished its first scoring cycle since it "
+                          "started[/yellow]")
+            console.print("hint: the first cycle after a start loads every window from the store (seconds for a "
+                          "large history); ask again shortly", soft_wrap=True)
+            return
         console.print("[yellow]no finalized trials yet[/yellow]")
         console.print(escape(empty_hint(rep.get("finalize"))))
         return

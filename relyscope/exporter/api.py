@@ -253,7 +253,8 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
             rep["gates"] = gates_json(pipeline.gate_results, agent)
         st = pipeline.settings  # how trials finalize: the empty report's hint quotes these
         return {**rep, "window": name, "finalize": {"grace_period_s": st.grace_period_s,
-                                                    "score_interval_s": st.score_interval_s}}
+                                                    "score_interval_s": st.score_interval_s,
+                                                    "scoring_cycles": pipeline.scoring.cycles_done}}
 
     @app.get("/api/v1/trials", dependencies=[Depends(auth)])
     async def trials(agent: str | None = None, version: str | None = None, run_kind: str | None = None,

@@ -84,6 +84,9 @@ class ScoreStage:
         self._busy = busy
         self.max_defer = max_defer
         self.deferred_cycles = 0  # cycles postponed so far
+        #: scoring cycles completed (0 until the first one after a start, which loads every
+        #: window: a report before it is empty although trials are stored)
+        self.cycles_done = 0
         self.store = store
         self.policy = policy
         self._stop = stop or threading.Event()
@@ -409,6 +412,7 @@ class ScoreStage:
                     out = self._rescore_incremental(all_groups)
                 else:
                     out = self._rescore(all_groups)
+                self.cycles_done += 1
                 # what the cycles keep (windows, samples) leaves the collector's full scans
                 memory.settle_gc_if_due(self.settings.gc_freeze_interval_s)
                 return out
