@@ -618,8 +618,9 @@ class Pipeline:
             if self._rehydrated and self._next_seq > self._replay_until:
                 self._rehydrated = set()  # replay done
             did = True
-        stored = self._emit(self.builder.poll(now))
-        self._commit_spool()
+        finalized = self.builder.poll(now)
+        stored = self._emit(finalized)
+        self._commit_spool(state=bool(finalized))
         self._open_traces = self.builder.open_traces
         return did and stored
 
@@ -733,22 +734,25 @@ class Pipeline:
         self._pending_trials = kept
         return True
 
-    def _commit_spool(self) -> None:
+    def _commit_spool(self, *, state: bool = False) -> None:
         """Commit every record the worker has stored (or quarantined), whatever the state of its
         traces, so that an open trace (a rootless one waits ``root_timeout_s``) never pins the
         spool. What such a trace needs after a crash is in the store already; the ids of the
         traces still open — or finalized with a trial not yet stored — are written durably first
         (spool state ``open_traces.json``) and reloaded from the store on the next start
-        (:meth:`_restore_open`)."""
+        (:meth:`_restore_open`). ``state``: traces were finalized since (a poll that finalized,
+        a flush, the stop): rewrite that list even when no record is left to commit, or the
+        traces finalized since would be reloaded and finalized again at every start."""
         with self._cv:
             upto = self._next_seq - 1
-        if upto <= self.spool.committed_seq:
+        if upto <= self.spool.committed_seq and not state:
             return
         open_ids = frozenset(self.builder.open_trace_ids() | {t.trace_id for t in self._pending_trials})
         if open_ids != self._persisted_open:  # OSError: nothing committed, retried on the next pass
             self.spool.write_state(_OPEN_STATE, json.dumps(sorted(open_ids)).encode())
             self._persisted_open = open_ids
-        self.spool.commit(upto)
+        if upto > self.spool.committed_seq:
+            self.spool.commit(upto)
 
     def _restore_open(self, now: float) -> bool:
         """Once, before the first batch: reload from the store the traces that were open when the
@@ -778,7 +782,7 @@ class Pipeline:
 
     def _finalize_all(self) -> bool:
         stored = self._emit(self.builder.flush(self.clock()))
-        self._commit_spool()
+        self._commit_spool(state=True)
         self._open_traces = self.builder.open_traces
         return stored
 
