@@ -372,10 +372,10 @@ def test_prompt_variants_equal_to_the_input_are_not_replayed():
 
 
 @pytest.mark.parametrize("upper, reasons, line", [
-    (0.995, [], "harness ok: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 99.5% ≥ min 90%"),
+    (0.995, [], "harness ok: agreement 49/72 vs ≈54.6 expected (89.8% of expected); its 95% upper bound 99.5% of expected ≥ min 90%"),
     (0.85, [{"kind": "experiment", "name": "harness_agreement", "verdict": "error", "message": "drift"}],
-     "harness FAILED: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 85.0% < min 90%"),
-    (0.995, [], "harness ok: agreement 49/72 vs ≈54.6 expected (89.8%); its 95% upper bound 99.5% ≥ min 90% "
+     "harness FAILED: agreement 49/72 vs ≈54.6 expected (89.8% of expected); its 95% upper bound 85.0% of expected < min 90%"),
+    (0.995, [], "harness ok: agreement 49/72 vs ≈54.6 expected (89.8% of expected); its 95% upper bound 99.5% of expected ≥ min 90% "
                 "(expected is a lower bound for 72 of the replays: their tasks ran once in production, so the check "
                 "is lenient there)"),
 ])

@@ -323,8 +323,9 @@ def render_gate(res: dict, console) -> None:
         # outcome (the gate's own reason decides it, not a re-comparison of rounded figures)
         failed = any(x.get("name") == "harness_agreement" for x in res.get("reasons", []))
         checks.append(f"harness {'[red]FAILED[/red]' if failed else 'ok'}: agreement {hv['agreeing']}/{hv['replays']} "
-                      f"vs ≈{hv['expected']:.1f} expected ({hv['relative_agreement']:.1%}); its 95% upper bound "
-                      f"{hv['upper_bound']:.1%} {'<' if failed else '≥'} min {hv['min']:.0%}"
+                      f"vs ≈{hv['expected']:.1f} expected ({hv['relative_agreement']:.1%} of expected); "
+                      f"its 95% upper bound "
+                      f"{hv['upper_bound']:.1%} of expected {'<' if failed else '≥'} min {hv['min']:.0%}"
                       + (f" (expected is a lower bound for {hv['conservative_replays']} of the replays: their tasks "
                          f"ran once in production, so the check is lenient there)" if hv.get("conservative_replays") else ""))
     elif exp:
