@@ -202,18 +202,22 @@ def test_window_slides_read_ahead_are_not_made_on_a_window_changed_since(store):
     reloaded) or its clock starts it elsewhere, its planned slide is not made from it and the
     ordinary slide (a read of its own) is; every window then matches the rollups and the batch
     scorer."""
-    now = time.time()
+    # half past an hour (in the past): the 130 s below cross minute boundaries only, so only the
+    # minute-level windows (5m, 1h) slide. With the wall clock, one run in ~28 put an hour
+    # boundary in those 130 s and planned the 24h window too; the new trial changes every window,
+    # so none may be slid from the read — what the code did and the old expectation denied.
+    now = (time.time() - 3600) // 3600 * 3600 + 1800
     rng = random.Random(7)
     ru, live = start(store, _spread(rng, now), [G], now)
     later = now + 130
     plan = live.slide_plan([G], later)
+    assert {p[1] for p in plan} == {"5m", "1h"}
     gone = live.read_slides(plan)
     since5 = window_start(now, 300)
     store.insert_trials([_plain(rng, 600, now, task="t3", end_ns=(since5 + 5) * 10**9)])
     sync(ru, live)  # applied first: the 5m and 1h windows changed since the read
     assert live.slide_from(plan, gone, now) == 0  # a clock before the planned starts: none made
-    made = live.slide_from(plan, gone, later)
-    assert made == len([p for p in plan if p[1] not in ("5m", "1h")])
+    assert live.slide_from(plan, gone, later) == 0  # changed since the read: none made from it
     assert {"5m", "1h"} <= set(live.advance_all([G], later)[G])
     check(store, live, [G], later)
 
