@@ -269,7 +269,6 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         out.update(baseline=baseline, candidate=candidate, agent=experiment["agent"], mode=mode,
                    experiment=experiment, what_if=what_if, published=not what_if)
         if not what_if:
-            pipeline.gate_results.load()  # first, so the stored verdicts never replace this one
             out["stored"] = pipeline.gate_results.publish((experiment["agent"], baseline, candidate, mode), res)
         return out
 

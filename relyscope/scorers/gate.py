@@ -61,6 +61,8 @@ on both sides; R_Rob = NaN-aware mean of the three R_x, each over its own tasks 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -533,9 +535,6 @@ class GateResult:
 def policy_digest(policy: "GatePolicy") -> str:
     """A stable digest (hex SHA-256, 16 characters) of a gate policy's values: a stored verdict is
     taken up again at start only under the policy it was reached with."""
-    import hashlib
-    import json
-
     text = json.dumps(policy.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

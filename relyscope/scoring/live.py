@@ -114,12 +114,10 @@ class ExactSums:
                     np.add.at(worst, inv, np.abs(fv))
                     fits = not worst.size or worst.max() < _BIG_SAFE  # False for NaN / inf too
                 if fits:
-                    a = fv.astype(np.int64)
-                    fits = bool((a == fv).all())  # a fraction would be cut: keep it exact instead
-                if fits:
                     a = np.asarray(v, dtype=np.int64)  # from the ints themselves: exact below 2^62
-                    np.add.at(c, rows, a if sign > 0 else -a)
-                    continue
+                    if (a == fv).all():  # not so for a fraction, which int64 would cut: kept exact
+                        np.add.at(c, rows, a if sign > 0 else -a)
+                        continue
                 c = self.cols[j] = c.astype(object)
             np.add.at(c, rows, v if sign > 0 else -v)  # object: exact Python ints
 

@@ -417,10 +417,10 @@ class Store:
     def _connect(self) -> None:
         """Open the client and create the schema (idempotent DDL). Raises StoreUnavailable."""
         path = chdb_path(self.dsn) if self.embedded else None
+        in_use = (f"cannot open {self.dsn}: the data directory is in use by another process (chDB lets "
+                  "one process open a data directory; ask the running sidecar with --api instead)")
         if path is not None and chdb_held_elsewhere(path):
-            raise StoreUnavailable(
-                f"cannot open {self.dsn}: the data directory is in use by another process (chDB lets "
-                "one process open a data directory; ask the running sidecar with --api instead)")
+            raise StoreUnavailable(in_use)
         try:
             # lookups by id lists (rollup sync, replays, rehydration) bind thousands of ids into the
             # query text: ClickHouse's default max_query_size (256 KiB) refused them under load and
@@ -434,9 +434,7 @@ class Store:
                 self._apply_retention(client, [t for t in STORE_TABLES if t not in ROLLED_UP_TABLES])
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
             if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
-                raise StoreUnavailable(
-                    f"cannot open {self.dsn}: the data directory is in use by another process (chDB lets "
-                    "one process open a data directory; ask the running sidecar with --api instead)") from e
+                raise StoreUnavailable(in_use) from e
             raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
         self._client = client
         if path is not None:
@@ -711,8 +709,6 @@ class Store:
         """Keep a published gate verdict: ``key`` (agent, baseline, candidate, mode), ``policy``
         the gate policy's digest (:func:`relyscope.scorers.gate.policy_digest`), ``result`` its
         ``GateResult.to_json()``. Raises StoreUnavailable."""
-        import json
-
         self._insert("gate_verdicts", [[*key, policy, json.dumps(result, allow_nan=False),
                                         self.stamp_ns("gate_verdicts")]],
                      ["agent", "baseline", "candidate", "mode", "policy", "result", "evaluated_at"])
@@ -720,8 +716,6 @@ class Store:
     def latest_gate_verdicts(self, policy: str) -> dict[tuple[str, str, str, str], dict]:
         """The latest verdict kept under gate policy digest ``policy`` of each (agent, baseline,
         candidate, mode): key → the ``to_json()`` dict. Raises StoreUnavailable."""
-        import json
-
         rows = self.query("SELECT agent, baseline, candidate, mode, argMax(result, evaluated_at) "
                           "FROM {db}.gate_verdicts WHERE policy = %(p)s GROUP BY agent, baseline, candidate, mode",
                           {"p": policy})
