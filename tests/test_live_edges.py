@@ -695,3 +695,32 @@ def test_window_exact_sums_stay_int64_per_column_until_one_could_overflow_then_a
     got = ws.bigs.rows(np.array([ws.ids["a"], ws.ids["b"]]))[:, [0, last]]
     assert got.tolist() == [[7, 7], [6, 2**62 + 7]] and all(type(x) is int for x in got.ravel())
     assert set(ws.ids) == {"a", "b"}
+
+
+def test_window_counts_stay_int32_until_one_could_reach_2_to_30_then_are_int64_and_exact():
+    """A window keeps its Int64 sums (counts) in int32 (~160 B a task instead of 320) and turns
+    them into int64 before an add whose |row| + Σ|added| could reach 2 ** 30 — int32 would wrap
+    silently past 2 ** 31. Values by hand, with a repeated row in one add and a subtraction."""
+    import numpy as np
+
+    from relyscope.scoring.live import _NCOL, WindowState
+
+    def sums(ns, c=0):
+        a = np.zeros((len(ns), _NCOL), dtype=object)
+        a[:, :] = 0
+        for i, n in enumerate(ns):
+            a[i, 0], a[i, 3] = n, c  # n_all, c
+        return a
+
+    ws = WindowState("all", None, 0, 1, 0, False)
+    ws.add(["a", "b"], sums([5, 2**29], c=1))
+    assert ws.ints.dtype == np.int32
+    ws.add(["a"], sums([2], c=1), sign=-1)
+    assert ws.ints.dtype == np.int32 and ws.ints[ws.ids["a"], 0] == 3
+    # b: 2^29 + 2^28 + 2^28 = 2^30 by the two rows of one add: could reach the bound → int64
+    ws.add(["b", "b"], sums([2**28, 2**28]))
+    assert ws.ints.dtype == np.int64
+    ws.add(["b", "b"], sums([2**30, 2**30]))  # 3 · 2^30 = 3 221 225 472 > 2^31: wrapped in int32
+    assert int(ws.ints[ws.ids["b"], 0]) == 3 * 2**30 and ws.trials() == 3 * 2**30 + 3
+    # c: a got +1 then −1 (the subtraction's); b +1 once (its later rows carry c = 0)
+    assert int(ws.ints[ws.ids["a"], 3]) == 0 and int(ws.ints[ws.ids["b"], 3]) == 1
