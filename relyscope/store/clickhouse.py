@@ -44,6 +44,7 @@ import json
 import operator
 import os
 import re
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Final, Iterable, Sequence
@@ -443,8 +444,15 @@ class Store:
             if self.retention is not None:
                 self._apply_retention(client, [t for t in STORE_TABLES if t not in ROLLED_UP_TABLES])
         except Exception as e:  # noqa: BLE001 - any driver failure at start is "unavailable"
-            if self.embedded and ("EmbeddedServer" in str(e) or "Another server instance" in str(e)):
+            msg = str(e)
+            if self.embedded and ("Another server instance" in msg or "Cannot lock file" in msg):
                 raise StoreUnavailable(in_use) from e
+            held = re.search(r"already initialized with path '([^']*)'", msg) if self.embedded else None
+            if held:  # this process, not another one, holds a different directory
+                raise StoreUnavailable(
+                    f"cannot open {self.dsn}: this process already opened the chDB data directory {held[1]} "
+                    "(chDB opens one data directory per process; use that one, or open this one in another "
+                    "process)") from e
             raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
         self._client = client
         if path is not None:
