@@ -102,7 +102,9 @@ def main() -> None:
         names = [args.decoder if args.decoder != "both" else "legacy"]
     rates: dict[str, tuple[float, float]] = {}
     root = Path(tempfile.mkdtemp(prefix="relyscope-bw-"))
-    import pandas  # noqa: F401 - clickhouse-connect imports it on the first insert: not per-span cost
+    # relyscope before 89b555d imported pandas on its first insert (clickhouse-connect, pyarrow;
+    # a one-off, not per-span cost): imported here, outside the timing, so --base times the same work
+    import pandas  # noqa: F401
     try:
         for rep in range(1 if args.profile else args.reps):
             if args.compare_base:
