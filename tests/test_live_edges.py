@@ -724,3 +724,27 @@ def test_window_counts_stay_int32_until_one_could_reach_2_to_30_then_are_int64_a
     assert int(ws.ints[ws.ids["b"], 0]) == 3 * 2**30 and ws.trials() == 3 * 2**30 + 3
     # c: a got +1 then −1 (the subtraction's); b +1 once (its later rows carry c = 0)
     assert int(ws.ints[ws.ids["a"], 3]) == 0 and int(ws.ints[ws.ids["b"], 3]) == 1
+
+
+def test_window_counts_promoted_by_a_subtraction_keep_their_values_through_compaction():
+    """The int32 bound holds for subtractions too (|row| + Σ|subtracted|), and a promoted window's
+    rows keep int64 and their values when compacted. Values by hand."""
+    import numpy as np
+
+    from relyscope.scoring.live import _NCOL, WindowState
+
+    def sums(n):
+        a = np.zeros((1, _NCOL), dtype=object)
+        a[:, :] = 0
+        a[0, 0] = n
+        return a
+
+    ws = WindowState("all", None, 0, 1, 0, False)
+    for t in ("a", "b", "c"):
+        ws.add([t], sums(5))
+    ws.add(["a"], sums(2**30), sign=-1)  # 5 − 2^30: reaches the bound from below
+    assert ws.ints.dtype == np.int64
+    ws.add(["b"], sums(5), sign=-1)  # b left without trials
+    ws.add(["c"], sums(5), sign=-1)  # c too: 1 live row of 3 → compacted
+    ws.compact()
+    assert ws.tasks == ["a"] and ws.ints.dtype == np.int64 and int(ws.ints[0, 0]) == 5 - 2**30

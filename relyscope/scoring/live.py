@@ -188,7 +188,7 @@ class WindowState:
             if n > self.ints.shape[0]:
                 # the first fill (a window's load: all its tasks at once) exact; later growth
                 # 1.25× (amortized): rows are ~0.35 KiB each, in every window
-                cap = max(16, n) if not self.ints.shape[0] else n + n // 4
+                cap = max(16, n) if not self.ints.shape[0] else max(16, n + n // 4)
                 for name in _ROW_ARRAYS:  # zeros: 0 sums, and per-task values not current
                     a = getattr(self, name)
                     setattr(self, name, np.concatenate([a, np.zeros((cap - a.shape[0], *a.shape[1:]), a.dtype)]))
