@@ -248,8 +248,9 @@ def main() -> None:
                 "SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'").result_rows[0][0] / 2**20
             # merges running now and their memory (a merge of the wide rollup tables is chDB's
             # largest transient allocation; it shows in the RSS of the cycle it overlaps)
-            mg_n, mg_mib, mg_tables = store._ready_client().query(
-                "SELECT count(), sum(memory_usage) / 1048576, groupUniqArray(table) FROM system.merges").result_rows[0]
+            mg_n, mg_mib, mg_tables, mg_parts = store._ready_client().query(
+                "SELECT count(), sum(memory_usage) / 1048576, groupUniqArray(table), sum(num_parts) "
+                "FROM system.merges").result_rows[0]
         je_mib = jemalloc_mib(store)
         print(f"cycle {c}: {args.new} new trials → sync {sync_s:.2f} s, rescore {score_s:.2f} s "
               f"({stage.last_refreshes} CI/drift refreshes due; background: {stage.last_background[0]} published, "
@@ -257,7 +258,7 @@ def main() -> None:
               f"so far {stage.slides_read_ahead}), "
               f"RSS {rows[-1][2]:.0f} MiB (+{rows[-1][2] - idle:.0f} over idle: anon {rows[-1][4] - idle_anon:+.0f}, "
               f"file {rows[-1][5] - idle_file:+.0f}; chDB tracks {ch_mib:.0f}, its jemalloc resident {je_mib - idle_je:+.0f}; "
-              f"merges {mg_n} ({mg_mib:.0f} MiB{': ' + ', '.join(sorted(mg_tables)) if mg_n else ''})); "
+              f"merges {mg_n} ({mg_mib:.0f} MiB{', %d parts: ' % mg_parts + ', '.join(sorted(mg_tables)) if mg_n else ''})); "
               + ", ".join(f"{k} {v:.2f}" for k, v in stage.phase_s.items()), flush=True)
     if args.tracemalloc:
         snap = tracemalloc.take_snapshot()
