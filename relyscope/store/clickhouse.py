@@ -40,12 +40,10 @@ the string ``poison``); optional ``"tables": ["otel_traces"]`` limits it to thos
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
 import json
 import operator
 import os
 import re
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Final, Iterable, Sequence
@@ -53,54 +51,11 @@ from urllib.parse import urlparse
 
 import clickhouse_connect
 import orjson
-from clickhouse_connect.driver import options as _cc_options
-
-# clickhouse-connect resolves pandas on every insert (``isinstance(data, pandas.DataFrame)``), so
-# the first insert imported pandas: +46 MiB of the process's RSS (29 anon, 18 of library pages;
-# same-run pairs, a fresh process) for a library the store never uses (rows go as lists, spans as
-# one Arrow block, reads as rows). Resolved as "not installed", a configuration clickhouse-connect
-# supports (pandas is its optional extra) — unless this process already imported pandas itself.
-# pyarrow does the same on its first ``pa.array`` (see :func:`_pyarrow`).
-if "pandas" not in sys.modules:
-    _cc_options.pd = None
-    _cc_options.pd_time_test = None
-
-
-class _HidePandas(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):  # noqa: ARG002 - the finder protocol
-        if name == "pandas" or name.startswith("pandas."):
-            raise ImportError("pandas hidden from pyarrow's first array (relyscope.store)")
-        return None
-
-
-_PYARROW = None
-
-
-def _pyarrow():
-    """pyarrow, imported on first use (span inserts only). pyarrow's first ``pa.array`` checks
-    whether its input is a pandas object and imports pandas to do so (+46 MiB RSS, as above);
-    it asks once per process and, told pandas is missing, never asks again. So unless pandas is
-    already loaded, that first call runs with pandas hidden from the import system (a meta-path
-    finder removed right after; pandas stays importable by everything else, but this process's
-    pyarrow has no ``to_pandas``, which relyscope never calls). A thread importing pandas during
-    that one call would get ImportError; none of relyscope's threads does."""
-    global _PYARROW
-    if _PYARROW is None:
-        import pyarrow as pa
-
-        if "pandas" not in sys.modules:
-            hide = _HidePandas()
-            sys.meta_path.insert(0, hide)
-            try:
-                pa.array([0])  # pyarrow's pandas check runs (and fails) here, once
-            finally:
-                sys.meta_path.remove(hide)
-        _PYARROW = pa
-    return _PYARROW
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
 from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
+from relyscope.store.without_pandas import pyarrow as _pyarrow
 
 if TYPE_CHECKING:
     from relyscope.store.schema import Retention
