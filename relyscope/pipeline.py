@@ -102,6 +102,8 @@ class Stats:
     rejected: collections.Counter = field(default_factory=collections.Counter)
     warnings: collections.Counter = field(default_factory=collections.Counter)
     deduplicated: int = 0
+    #: spans written to the store by the worker (re-sent duplicates included: the store keeps one)
+    stored: int = 0
     requests: collections.Counter = field(default_factory=collections.Counter)  # by outcome
     trials_finalized: int = 0
     store_errors: int = 0
@@ -597,6 +599,7 @@ class Pipeline:
                     self._store_error(e)
                 return False
             self._store_ok()
+            self.stats.stored += n_spans
             for seq, _ in batch:
                 self._strikes.pop(seq, None)
             if self.redactor.active:

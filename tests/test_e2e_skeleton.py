@@ -109,6 +109,8 @@ def test_sdk_otlp_exporters_reach_store_and_metrics(sidecar, protocol):
     assert float(line2[0].rsplit(" ", 1)[1]) == 0.0
     assert "task" not in line1[0].replace("n_tasks", "")  # no task-level labels
     assert "relyscope_spans_accepted_total 18.0" in text
+    # every span written to the store once (nothing re-sent): 6 runs x 3 spans
+    assert "relyscope_spans_stored_total 18.0" in text
 
 
 def test_demo_prints_pass_hat_1_to_5_and_c_out(tmp_path):

@@ -138,6 +138,8 @@ class _ReliabilityCollector(Collector):
         s = p.stats
         yield CounterMetricFamily("relyscope_spans_received", "Spans received over OTLP", value=s.received)
         yield CounterMetricFamily("relyscope_spans_accepted", "Spans accepted (durably spooled)", value=s.accepted)
+        yield CounterMetricFamily("relyscope_spans_stored", "Spans written to the store (rows of otel_traces; "
+                                  "a re-sent span again, the store keeps one)", value=s.stored)
         yield CounterMetricFamily("relyscope_spans_deduplicated", "Re-sent spans dropped as duplicates", value=s.deduplicated)
         yield CounterMetricFamily("relyscope_spans_replaced", "Spans that replaced an earlier, different span "
                                   "with the same (trace id, span id)", value=p.builder.replaced)
