@@ -365,19 +365,53 @@ _OPS: Final = {o.value: o for o in Op}
 
 
 def _step_from_dict(d: dict) -> Step:
+    """A :class:`Step` from one object of the ``trials.steps`` column (keys that are not Step
+    fields ignored; ``op`` its value; ``flags`` a list). Raises ValueError for an unknown ``op``,
+    TypeError for a missing required field. ``d`` is not changed."""
+    if tuple(d) == _STEP_FIELDS_T:  # what _steps_json writes: every field, in order — positional
+        v = list(d.values())
+        op = v[_I_OP]
+        o = _OPS.get(op) if op.__class__ is str else None
+        v[_I_OP] = o if o is not None else Op(op)  # Op(...) raises on a name it does not know
+        f = v[_I_FLAGS]
+        v[_I_FLAGS] = frozenset(f) if f else _NO_FLAGS
+        return Step(*v)
     kw = {k: v for k, v in d.items() if k in _STEP_FIELD_SET}
     op = d.get("op", "unknown")
     o = _OPS.get(op) if op.__class__ is str else None
-    kw["op"] = o if o is not None else Op(op)  # Op(...) raises on a name it does not know, as before
+    kw["op"] = o if o is not None else Op(op)
     kw["flags"] = frozenset(d.get("flags") or ())
     return Step(**kw)
 
 
+_STEP_FIELDS_T: Final = tuple(_STEP_FIELDS)
+_I_OP: Final = _STEP_FIELDS_T.index("op")
+_I_FLAGS: Final = _STEP_FIELDS_T.index("flags")
+_NO_FLAGS: Final = frozenset()
+#: how every ``trials.steps`` text written by ``orjson.dumps`` in :func:`_steps_json` begins (its
+#: first key, compact); ``json.dumps`` — the fallback, and every version before orjson — writes
+#: ``"span_id": `` with a space
+_ORJSON_HEAD: Final = '[{"span_id":"'
+
+
 def _steps_from_json(text: str) -> tuple[Step, ...]:
-    """The ``trials.steps`` column back to steps. ``json``, not orjson: orjson reads an integer
-    beyond 64 bits as a float (the ``json.dumps`` fallback of :func:`_steps_json` writes them)."""
-    items = json.loads(text)
-    return tuple(_step_from_dict(x) for x in items)
+    """The ``trials.steps`` column back to steps (the inverse of :func:`_steps_json`).
+
+    A text orjson wrote (:data:`_ORJSON_HEAD`) is parsed by orjson (~2.5x ``json.loads``; the
+    scorer reads every new trial's steps); any other by ``json`` as before. orjson reads an integer
+    beyond 64 bits as a float and refuses ``NaN``/``Infinity`` and lone surrogate escapes, but
+    none of these can be in what it wrote: ``orjson.dumps`` refuses such ints and surrogates
+    (:func:`_steps_json` then falls back to ``json.dumps``) and writes non-finite floats as
+    ``null``. Same values either way. Raises ValueError (bad JSON, an unknown op) or TypeError
+    (a step missing a required field)."""
+    if text.startswith(_ORJSON_HEAD):
+        try:
+            items = orjson.loads(text)
+        except orjson.JSONDecodeError:  # not written by us after all: json says what it is
+            items = json.loads(text)
+    else:
+        items = json.loads(text)
+    return tuple([_step_from_dict(x) for x in items])
 
 
 class Store:
