@@ -55,6 +55,7 @@ import orjson
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
 from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
+from relyscope.store import escaping as _escaping  # noqa: F401 - installs the fast escape_str
 from relyscope.store.without_pandas import pyarrow as _pyarrow
 
 if TYPE_CHECKING:
