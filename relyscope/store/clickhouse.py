@@ -403,12 +403,13 @@ def _steps_from_json(text: str) -> tuple[Step, ...]:
     beyond 64 bits as a float and refuses ``NaN``/``Infinity`` and lone surrogate escapes, but
     none of these can be in what it wrote: ``orjson.dumps`` refuses such ints and surrogates
     (:func:`_steps_json` then falls back to ``json.dumps``) and writes non-finite floats as
-    ``null``. Same values either way. Raises ValueError (bad JSON, an unknown op) or TypeError
-    (a step missing a required field)."""
+    ``null``. Same values either way for what the store writes; a compact text from another
+    writer holding such an int would be read as a float. Raises ValueError (bad JSON, an unknown
+    op) or TypeError (a step missing a required field)."""
     if text.startswith(_ORJSON_HEAD):
         try:
             items = orjson.loads(text)
-        except orjson.JSONDecodeError:  # not written by us after all: json says what it is
+        except orjson.JSONDecodeError:  # what orjson refuses (not its own output): json gives the old value or error
             items = json.loads(text)
     else:
         items = json.loads(text)
