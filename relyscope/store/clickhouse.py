@@ -307,7 +307,7 @@ _TRIAL_COLS = [
     "actions", "steps", "flags", "shadow_of", "perturbation_family", "perturbation_strength",
     "revision", "span_count", "evaluations", "version_ns", "task_input",
 ]
-_STEP_FIELDS = [f.name for f in dataclasses.fields(Step)]
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Step))
 
 _STEP_FIELD_SET = frozenset(_STEP_FIELDS)  # membership per key per step: a list made loading trials slow
 
@@ -369,25 +369,25 @@ def _step_from_dict(d: dict) -> Step:
     """A :class:`Step` from one object of the ``trials.steps`` column (keys that are not Step
     fields ignored; ``op`` its value; ``flags`` a list). Raises ValueError for an unknown ``op``,
     TypeError for a missing required field. ``d`` is not changed."""
-    if tuple(d) == _STEP_FIELDS_T:  # what _steps_json writes: every field, in order — positional
-        v = list(d.values())
-        op = v[_I_OP]
-        o = _OPS.get(op) if op.__class__ is str else None
-        v[_I_OP] = o if o is not None else Op(op)  # Op(...) raises on a name it does not know
-        f = v[_I_FLAGS]
-        v[_I_FLAGS] = frozenset(f) if f else _NO_FLAGS
-        return Step(*v)
-    kw = {k: v for k, v in d.items() if k in _STEP_FIELD_SET}
     op = d.get("op", "unknown")
     o = _OPS.get(op) if op.__class__ is str else None
-    kw["op"] = o if o is not None else Op(op)
-    kw["flags"] = frozenset(d.get("flags") or ())
+    if o is None:
+        o = Op(op)  # raises on a name it does not know
+    f = d.get("flags")
+    flags = frozenset(f) if f else _NO_FLAGS
+    if tuple(d) == _STEP_FIELDS:  # what _steps_json writes: every field, in order — positional
+        v = list(d.values())
+        v[_I_OP] = o
+        v[_I_FLAGS] = flags
+        return Step(*v)
+    kw = {k: v for k, v in d.items() if k in _STEP_FIELD_SET}
+    kw["op"] = o
+    kw["flags"] = flags
     return Step(**kw)
 
 
-_STEP_FIELDS_T: Final = tuple(_STEP_FIELDS)
-_I_OP: Final = _STEP_FIELDS_T.index("op")
-_I_FLAGS: Final = _STEP_FIELDS_T.index("flags")
+_I_OP: Final = _STEP_FIELDS.index("op")
+_I_FLAGS: Final = _STEP_FIELDS.index("flags")
 _NO_FLAGS: Final = frozenset()
 #: how every ``trials.steps`` text written by ``orjson.dumps`` in :func:`_steps_json` begins (its
 #: first key, compact); ``json.dumps`` — the fallback, and every version before orjson — writes

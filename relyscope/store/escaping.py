@@ -4,7 +4,7 @@ Every ``%(name)s`` parameter the store binds (trace ids, trial ids: the scorer's
 cycle's every new trial and trace, the worker's the traces of each batch) is escaped by
 ``clickhouse_connect.driver.binding.escape_str``, which builds its result one character at a time
 in a generator (~2 µs for a 40-character id: 5-9 % of a scoring cycle's CPU in
-``bench/bench_worker_stages``-style profiles of 1 024 new trials). Importing this module replaces
+``bench/bench_scoring_cycle.py --profile``, 1 024 new trials). Importing this module replaces
 it with the same mapping done by ``str.translate`` (one C call), built from the library's own
 ``must_escape`` characters and backslash, so the output is identical for every string;
 :data:`library_escape_str` keeps the library's function, the oracle ``tests/test_store_escaping.py``
