@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import operator
 import os
 import re
@@ -65,7 +66,18 @@ __all__ = ["Store", "SpanColumns", "span_columns", "StoreError", "StoreUnavailab
            "resolve_dsn", "chdb_path"]
 
 
+log = logging.getLogger("relyscope.store")
+
 _MAX_QUERY_BYTES = 256 << 20  # see Store._connect
+#: Settings of the span and trial inserts. ``optimize_on_insert = 0``: ClickHouse does not run the
+#: ReplacingMergeTree's replacing on each inserted block (a sort and merge of the block by the
+#: sorting key, to drop the block's own duplicates); duplicates are dropped by the background
+#: merges and every read that needs each key once is ``FINAL`` (or ``LIMIT 1 BY``), as for
+#: duplicates sent in different inserts. It halved the wall time and cut the CPU of the span
+#: insert 2-3x (bench/README.md, issue 13). Sent only where the server lets this user change it
+#: (:meth:`Store._write_settings`).
+_WRITE_SETTINGS: Final = {"optimize_on_insert": 0}
+_WRITE_TABLES: Final = frozenset(("otel_traces", "trials"))
 
 _SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
@@ -441,6 +453,8 @@ class Store:
         self.write_errors = 0
         self.last_write_s = 0.0
         self._client = None
+        #: what the span / trial inserts send of _WRITE_SETTINGS (set at each connect)
+        self._write_opts: dict[str, Any] = {}
         self._closed = False
         try:
             self._connect()
@@ -481,8 +495,41 @@ class Store:
                     "process)") from e
             raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
         self._client = client
+        self._write_opts = self._write_settings(client)
         if path is not None:
             _OPENED_HERE.add(path)
+
+    @staticmethod
+    def _write_settings(client) -> dict[str, Any]:
+        """The part of :data:`_WRITE_SETTINGS` this client may send: settings the server lists
+        for this user and does not mark readonly (clickhouse-connect would otherwise refuse the
+        insert before sending it). A server that still refuses one (a settings-profile
+        constraint) has it dropped at the first refusal (:meth:`_without_write_setting`)."""
+        out = {}
+        server = getattr(client, "server_settings", None) or {}
+        for k, v in _WRITE_SETTINGS.items():
+            d = server.get(k)
+            if d is not None and not getattr(d, "readonly", False):
+                out[k] = v
+        return out
+
+    def _opts(self, table: str, settings: dict | None) -> dict | None:
+        """``settings`` plus the write settings for the span and trial tables (``settings``
+        itself, the same object, when nothing is added)."""
+        if table not in _WRITE_TABLES or not self._write_opts:
+            return settings
+        return {**self._write_opts, **(settings or {})}
+
+    def _without_write_setting(self, e: Exception) -> bool:
+        """True (and the setting no longer sent) when ``e`` is a refusal of one of the write
+        settings (the caller then writes once more without it)."""
+        msg = str(e)
+        hit = [k for k in self._write_opts if k in msg]
+        for k in hit:
+            log.warning("the store refused the insert setting %s (%s); inserting without it", k,
+                        msg.splitlines()[0][:200])
+            del self._write_opts[k]
+        return bool(hit)
 
     def _apply_retention(self, client, tables) -> list[str]:
         from relyscope.store.schema import apply_retention, ttl_clauses
@@ -569,12 +616,21 @@ class Store:
                 self._fault(table, rows)
             with self._lock:
                 client = self._ready_client()
+                def write(opts: dict | None) -> None:
+                    try:
+                        client.insert(f"{self.db}.{table}", rows, column_names=cols, settings=opts)
+                    except UnicodeEncodeError:
+                        # a lone surrogate that slipped past decoding: a permanent error for this
+                        # data, so repair (U+FFFD) and write once more rather than retry forever
+                        client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols, settings=opts)
+
+                opts = self._opts(table, settings)
                 try:
-                    client.insert(f"{self.db}.{table}", rows, column_names=cols, settings=settings)
-                except UnicodeEncodeError:
-                    # a lone surrogate that slipped past decoding: a permanent error for this
-                    # data, so repair (U+FFFD) and write once more rather than retry forever
-                    client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols, settings=settings)
+                    write(opts)
+                except Exception as e:  # noqa: BLE001 - re-raised unless a write setting was refused
+                    if opts is settings or not self._without_write_setting(e):
+                        raise
+                    write(self._opts(table, settings))
         except Exception as e:  # noqa: BLE001 - every driver failure is classified
             self.write_errors += 1
             err = classify(e, f"insert into {table}")
@@ -643,7 +699,14 @@ class Store:
             if take is not None:
                 tbl = tbl.take(take)
             with self._lock:
-                self._ready_client().insert_arrow(f"{self.db}.{table}", tbl)
+                client = self._ready_client()
+                opts = self._opts(table, None)
+                try:
+                    client.insert_arrow(f"{self.db}.{table}", tbl, settings=opts)
+                except Exception as e:  # noqa: BLE001 - re-raised unless a write setting was refused
+                    if opts is None or not self._without_write_setting(e):
+                        raise
+                    client.insert_arrow(f"{self.db}.{table}", tbl, settings=self._opts(table, None))
         except Exception as e:  # noqa: BLE001 - every driver failure is classified
             self.write_errors += 1
             err = classify(e, f"insert into {table}")
