@@ -96,3 +96,25 @@ def test_other_tables_get_no_write_setting(tmp_path):
     finally:
         st.close()
 
+
+
+def test_only_a_refusal_of_the_setting_drops_it_not_an_outage_whose_text_names_it(tmp_path):
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+    st = Store(f"chdb://{tmp_path / 'data'}", database="w")
+    try:
+        # what clickhouse-connect's HTTP client raised with the server down (its text holds the
+        # request URL, whose parameters carry the setting; found by a review of this change)
+        down = OperationalError("Error HTTPConnectionPool(host='127.0.0.1', port=8123): Max retries exceeded with "
+                                "url: /?session_id=x&wait_end_of_query=1&optimize_on_insert=0&query_id= (Caused by "
+                                "NewConnectionError('Connection refused'))")
+        assert not st._without_write_setting(down)
+        too_many = DatabaseError("Code: 252. DB::Exception: Too many parts (settings: optimize_on_insert=0). (TOO_MANY_PARTS)")
+        assert not st._without_write_setting(too_many)
+        assert st._write_opts == {"optimize_on_insert": 0}
+        refused = DatabaseError("Code: 452. DB::Exception: Setting optimize_on_insert should not be changed. "
+                                "(SETTING_CONSTRAINT_VIOLATION)")
+        assert st._without_write_setting(refused)
+        assert st._write_opts == {}
+    finally:
+        st.close()

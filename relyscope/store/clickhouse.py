@@ -55,7 +55,7 @@ import orjson
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanEvent, Step, Trial
 
-from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify
+from relyscope.store.errors import StoreError, StoreRejected, StoreUnavailable, classify, error_code
 from relyscope.store import escaping as _escaping  # noqa: F401 - installs the fast escape_str
 from relyscope.store.without_pandas import pyarrow as _pyarrow
 
@@ -78,6 +78,8 @@ _MAX_QUERY_BYTES = 256 << 20  # see Store._connect
 #: (:meth:`Store._write_settings`).
 _WRITE_SETTINGS: Final = {"optimize_on_insert": 0}
 _WRITE_TABLES: Final = frozenset(("otel_traces", "trials"))
+#: ClickHouse error codes of a refused setting: UNKNOWN_SETTING, READONLY, SETTING_CONSTRAINT_VIOLATION
+_SETTING_REFUSALS: Final = frozenset((115, 164, 452))
 
 _SPAN_KIND = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
 _STATUS = {0: "Unset", 1: "Ok", 2: "Error"}
@@ -522,7 +524,14 @@ class Store:
 
     def _without_write_setting(self, e: Exception) -> bool:
         """True (and the setting no longer sent) when ``e`` is a refusal of one of the write
-        settings (the caller then writes once more without it)."""
+        settings (the caller then writes once more without it): the server's UNKNOWN_SETTING,
+        READONLY or SETTING_CONSTRAINT_VIOLATION, or clickhouse-connect's own refusal of a readonly
+        setting (a ProgrammingError), naming the setting. Any other error is not (an HTTP
+        client's connection error names the setting too: it is in the request's URL)."""
+        from clickhouse_connect.driver.exceptions import ProgrammingError
+
+        if error_code(e) not in _SETTING_REFUSALS and not isinstance(e, ProgrammingError):
+            return False
         msg = str(e)
         hit = [k for k in self._write_opts if k in msg]
         for k in hit:
