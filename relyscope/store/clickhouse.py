@@ -522,6 +522,18 @@ class Store:
             return settings
         return {**self._write_opts, **(settings or {})}
 
+    def _write_with_settings(self, table: str, settings: dict | None, write) -> None:
+        """``write(opts)`` with ``settings`` plus the write settings of ``table`` (:meth:`_opts`);
+        once more without the write setting the store refused, if it refused one
+        (:meth:`_without_write_setting`). Any other error is raised. Called under ``_lock``."""
+        opts = self._opts(table, settings)
+        try:
+            write(opts)
+        except Exception as e:  # noqa: BLE001 - re-raised unless a write setting was refused
+            if opts is settings or not self._without_write_setting(e):
+                raise
+            write(self._opts(table, settings))
+
     def _without_write_setting(self, e: Exception) -> bool:
         """True (and the setting no longer sent) when ``e`` is a refusal of one of the write
         settings (the caller then writes once more without it): the server's UNKNOWN_SETTING,
@@ -625,6 +637,7 @@ class Store:
                 self._fault(table, rows)
             with self._lock:
                 client = self._ready_client()
+
                 def write(opts: dict | None) -> None:
                     try:
                         client.insert(f"{self.db}.{table}", rows, column_names=cols, settings=opts)
@@ -633,13 +646,7 @@ class Store:
                         # data, so repair (U+FFFD) and write once more rather than retry forever
                         client.insert(f"{self.db}.{table}", _scrub(rows), column_names=cols, settings=opts)
 
-                opts = self._opts(table, settings)
-                try:
-                    write(opts)
-                except Exception as e:  # noqa: BLE001 - re-raised unless a write setting was refused
-                    if opts is settings or not self._without_write_setting(e):
-                        raise
-                    write(self._opts(table, settings))
+                self._write_with_settings(table, settings, write)
         except Exception as e:  # noqa: BLE001 - every driver failure is classified
             self.write_errors += 1
             err = classify(e, f"insert into {table}")
@@ -709,13 +716,8 @@ class Store:
                 tbl = tbl.take(take)
             with self._lock:
                 client = self._ready_client()
-                opts = self._opts(table, None)
-                try:
-                    client.insert_arrow(f"{self.db}.{table}", tbl, settings=opts)
-                except Exception as e:  # noqa: BLE001 - re-raised unless a write setting was refused
-                    if opts is None or not self._without_write_setting(e):
-                        raise
-                    client.insert_arrow(f"{self.db}.{table}", tbl, settings=self._opts(table, None))
+                self._write_with_settings(
+                    table, None, lambda opts: client.insert_arrow(f"{self.db}.{table}", tbl, settings=opts))
         except Exception as e:  # noqa: BLE001 - every driver failure is classified
             self.write_errors += 1
             err = classify(e, f"insert into {table}")
