@@ -102,10 +102,15 @@ def upb_rate(body: bytes, n_spans: int, seconds: float, fn=ExportTraceServiceReq
 # ---- sidecar process ----------------------------------------------------------------------------
 
 class Sidecar:
-    """``relyscope serve`` on free loopback ports, pinned to core 0; stopped by its PID."""
+    """``relyscope serve`` on free loopback ports, pinned to core 0 (``all_cores``: every core); stopped by its PID."""
 
     def __init__(self, data_dir: Path, extra_env: dict | None = None, all_cores: bool = False):
-        cpu = 0 if (os.cpu_count() or 1) > 1 and not all_cores else None
+        # all_cores: an explicit list of every core, never None: this client is pinned to core 1
+        # (main), and a child process inherits that affinity — the sidecar and its decode
+        # processes would then share core 1 with the client (the "all cores" figures before
+        # this fix measured exactly that)
+        n = os.cpu_count() or 1
+        cpu = None if n < 2 else (f"0-{n - 1}" if all_cores else 0)
         self.sc = start_sidecar(data_dir, extra_env={"RELYSCOPE_SCORE_INTERVAL_S": "5", **(extra_env or {})},
                                 timeout_s=90, cpu=cpu)
         self.proc = self.sc.proc

@@ -157,11 +157,13 @@ def wait_for_replays(sidecar: SidecarProc, replay_ids: list[str], timeout_s: flo
 
 
 def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[str] | None = None,
-                  timeout_s: float = 60, cpu: int | None = None, wrapper: list[str] | None = None) -> SidecarProc:
+                  timeout_s: float = 60, cpu: int | str | None = None, wrapper: list[str] | None = None) -> SidecarProc:
     """Start ``relyscope serve`` on free loopback ports; return once it listens.
 
     Test defaults: grace period 0.3 s, score interval 1 s, B = 200 (override with ``extra_env``).
-    ``cpu``: pin the process to that core with ``taskset`` (benchmarks). ``wrapper``: a command
+    ``cpu``: pin the process to these cores with ``taskset -c`` (benchmarks): a core number or a
+    CPU list such as ``"0-1"``; None inherits the caller's affinity (a caller pinned to one core
+    starts a sidecar pinned to that same core). ``wrapper``: a command
     prefix, e.g. ``["prlimit", "--fsize=262144", "--"]`` to make large writes fail. Raises RuntimeError if it
     exits or does not listen within ``timeout_s``, with its log."""
     data_dir = Path(data_dir)
