@@ -10,6 +10,14 @@ does with them — store, assemble, commit — happens in the same order as with
 decode; a record is decoded wholly by one process, and a whole trace is still assembled by the
 caller alone.
 
+A worker runs ``fn`` with Python's cyclic garbage collector off (everything a decode builds
+lives until it is pickled, so collections only re-traverse it) and sends the result back
+pickled as one ``bytes``: the pool's manager thread in the calling process then only moves
+bytes, and the caller unpickles in its own thread (:meth:`DecodePool.unpack`) — inside its own
+GC-off window. Unpickling in the manager thread made it hold the GIL for long stretches while
+the calling thread waited for it after every GIL-releasing call (a chDB insert, a zstd
+compress); measured in ``bench/README.md``.
+
 Nothing here acknowledges or commits anything: a result lost with a worker (killed, crashed)
 is decoded again from the same payload in the calling thread (:meth:`OrderedPrefetch.take`
 falls back and restarts the pool), and a crash of the main process leaves the spool as it was.
@@ -27,9 +35,11 @@ Errors: an exception raised by ``fn`` in a worker is re-raised by :meth:`Ordered
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import multiprocessing
 import os
+import pickle
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -45,6 +55,19 @@ _PARENT_POLL_S = 0.5
 #: the longest wait for a new pool's first process to start (spawn + imports: seconds on a loaded
 #: machine); ``OrderedPrefetch.timeout_s`` counts only once it has
 _START_TIMEOUT_S = 60.0
+
+
+def _shipped(fn: Callable[[bytes], Any], payload: bytes) -> bytes:
+    """Run in a worker: ``fn(payload)`` with the cyclic GC off (its objects all live until they
+    are pickled), returned pickled, so the parent's pool thread only moves bytes."""
+    on = gc.isenabled()
+    if on:
+        gc.disable()
+    try:
+        return pickle.dumps(fn(payload), protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        if on:
+            gc.enable()
 
 
 def _touch(fn: Callable) -> None:
@@ -66,7 +89,8 @@ def _watch_parent(parent_pid: int) -> None:
 class DecodePool:
     """``workers`` processes running ``fn(payload)``; ``fn`` and its results must be picklable.
 
-    ``submit`` returns a :class:`concurrent.futures.Future`. ``restart`` replaces a broken pool;
+    ``submit`` returns a :class:`concurrent.futures.Future` holding the result pickled
+    (``bytes``); :meth:`unpack` turns it into ``fn``'s result. ``restart`` replaces a broken pool;
     ``close`` stops the processes (pending work is cancelled). Not thread-safe: one caller thread.
     """
 
@@ -87,8 +111,14 @@ class DecodePool:
         return ex
 
     def submit(self, payload: bytes) -> Future:
-        """Queue ``fn(payload)``. Raises BrokenProcessPool if a worker died (then :meth:`restart`)."""
-        return self._ex.submit(self.fn, payload)
+        """Queue ``fn(payload)``; the future's result is what :meth:`unpack` takes. Raises
+        BrokenProcessPool if a worker died (then :meth:`restart`)."""
+        return self._ex.submit(_shipped, self.fn, payload)
+
+    @staticmethod
+    def unpack(shipped: bytes) -> Any:
+        """The result of ``fn`` from what a future of :meth:`submit` holds (its pickle)."""
+        return pickle.loads(shipped)
 
     def restart(self, *, kill: bool = False) -> None:
         """Drop the current processes (a broken pool) and start new ones. ``kill``: SIGKILL the
@@ -278,7 +308,7 @@ class OrderedPrefetch:
             res = self.pool.fn(payload)
         else:
             try:
-                res = self._result(fut)
+                res = self.pool.unpack(self._result(fut))
             except BrokenProcessPool:
                 self._broken()
                 self.fallbacks += 1

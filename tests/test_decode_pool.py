@@ -123,7 +123,7 @@ def test_records_are_not_trivial():
 def test_pool_results_equal_in_thread_decoding(pool):
     futs = [pool.submit(r) for r in RECORDS]
     for rec, fut in zip(RECORDS, futs):
-        assert fut.result(timeout=120) == _in_thread(rec)
+        assert pool.unpack(fut.result(timeout=120)) == _in_thread(rec)
 
 
 def _source(records: dict[int, object]):
@@ -222,6 +222,25 @@ def test_prefetch_kills_and_replaces_stopped_workers_after_the_timeout():
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        p.close()
+
+
+def test_a_worker_runs_fn_with_the_cyclic_gc_off_and_ships_its_result_pickled():
+    """The decode runs with the GC off (its objects all live until pickled) and only bytes cross
+    back, unpickled by the caller; the worker's GC is on again after each call."""
+    import builtins
+    import gc
+    import pickle
+
+    p = DecodePool(builtins.eval, 1)  # eval(payload bytes): a picklable stand-in decode
+    try:
+        got = p.submit(b"(__import__('gc').isenabled(), [1, 'two'])").result(timeout=120)
+        assert isinstance(got, bytes) and pickle.loads(got) == (False, [1, "two"])
+        assert p.unpack(got) == (False, [1, "two"])
+        assert p._ex.submit(gc.isenabled).result(timeout=60) is True  # restored after the call
+        pf = OrderedPrefetch(p, max_records=2, max_bytes=1 << 20)
+        assert pf.take(1, _source({1: b"(1, {'a': 2})"}))[:2] == (1, (1, {"a": 2}))
+    finally:
         p.close()
 
 

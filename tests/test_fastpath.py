@@ -277,7 +277,7 @@ def test_decode_pool_runs_the_hot_path_and_returns_the_same_batches():
     try:
         futs = [pool.submit(r) for r in RECORDS]
         for rec, fut in zip(RECORDS, futs):
-            got, want = fut.result(timeout=120), fastpath.decode_record(rec, LIMITS, red)
+            got, want = pool.unpack(fut.result(timeout=120)), fastpath.decode_record(rec, LIMITS, red)
             assert got == want and fastpath.is_prepared(got)
         assert any(len(fastpath.decode_record(r, LIMITS, red).spans) for r in RECORDS)
     finally:
