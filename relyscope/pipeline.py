@@ -17,6 +17,9 @@ spans are stored — an open trace never pins the spool. The ids of the traces s
 whose trial is not stored yet) are written durably before each commit, and reloaded from the
 store on the next start. A store outage never blocks ``accept``: the spool keeps growing
 (``SpoolFull`` → :class:`Backpressure` when it is full) and drains when the store returns.
+With ``max_backlog_s`` set, a sidecar slower than its senders refuses requests (retryable) while
+storing is further behind than that (:meth:`Pipeline.backlog_s`), so freshness stays bounded;
+the backlog an outage or a restart leaves is exempt.
 Retryable store errors back off (0.5 s doubling up to ``store_retry_max_s``); a record refused
 with a data error is quarantined after ``quarantine_after_s`` (:meth:`Pipeline._unstorable`).
 
@@ -30,7 +33,7 @@ A scorer thread (:class:`relyscope.scoring.ScoreStage`, owned here as ``self.sco
 the scores of groups (agent, version, run kind) whose trials changed, every ``score_interval_s``,
 stores them and hands them to the gauges.
 
-Errors: :class:`Backpressure` (retryable: spool full) and
+Errors: :class:`Backpressure` (retryable: spool full, or ``max_backlog_s`` exceeded) and
 :class:`relyscope.collector.otlp.OTLPRequestError` (permanent: the request is unusable, or larger
 than the whole spool) are raised to the receivers, which map them to OTLP status codes.
 """
@@ -84,11 +87,13 @@ _OPEN_STATE = "open_traces.json"  # spool state: ids of traces open at the last 
 _MIN_STRIKES = 3  # attempts before a record refused with a data error is quarantined
 _MAX_SEGMENT_BYTES = 64 << 20
 _MEM_MAX_BYTES = 64 << 20  # spooled bodies kept in memory for the worker (beyond: re-read)
+_RATE_ALPHA = 0.2  # weight of the latest batch in the worker's seconds-per-record average (backlog_s)
 _PREFETCH_RECORDS_PER_WORKER = 8  # records decoded ahead per decode process (decode_workers > 1)
 
 
 class Backpressure(Exception):
-    """Retryable: the spool is full. Receivers answer RESOURCE_EXHAUSTED / 503 + Retry-After."""
+    """Retryable: the spool is full, the in-flight byte budget is spent, or storing is further
+    behind than ``max_backlog_s``. Receivers answer RESOURCE_EXHAUSTED / 503 + Retry-After."""
 
     retry_after_s = 2  # a full spool frees a segment within seconds once the store drains
 
@@ -193,6 +198,11 @@ class Pipeline:
         self._pending_trials: list[Trial] = []  # finalized, not yet stored (store down)
         self._retry_at = 0.0  # monotonic time before which the worker does not retry the store
         self._store_failing = False
+        #: records up to this sequence are exempt from ``max_backlog_s``: appended before this start
+        #: (replayed) or while the store was failing (the backlog an outage left)
+        self._backlog_from = self.spool.last_seq
+        #: moving average of the worker's wall seconds per spool record (None until a batch is stored)
+        self._s_per_record: float | None = None
         self._stop = threading.Event()
         self._flush_req = 0
         self._flush_done = 0
@@ -353,9 +363,11 @@ class Pipeline:
         reasons for the partial-success reply; equal to what ``decode_http`` answers) once the
         request is in the spool; the spans are decoded by the worker. Raises OTLPRequestError
         (permanent; 413 when the request alone exceeds ``spool_max_bytes``) or Backpressure
-        (retryable: spool full, or shutting down); an OSError from the spool (disk) propagates.
+        (retryable: spool full, shutting down, or storing further behind than ``max_backlog_s``:
+        :meth:`backlog_s`); an OSError from the spool (disk) propagates.
         Safe from any thread; never waits for the store.
         """
+        self._check_backlog()
         inflated = 0
         raw, body = body, decompress(body, content_encoding, self.limits)
         if body is not raw:
@@ -367,6 +379,32 @@ class Pipeline:
             return self._accept(body, content_type)
         finally:
             self.inflight.release(inflated)
+
+    def backlog_s(self) -> float:
+        """How far storing is behind receiving, seconds (what ``max_backlog_s`` bounds): the
+        larger of the age of the oldest spooled record not yet stored (committed) and the time the
+        worker needs for the records waiting for it (their count times its recent wall seconds per
+        record) — the first alone undercounts when receiving is faster than storing: a backlog
+        only seconds old can take minutes to store. What a store outage or this start's replay
+        left is not counted; 0.0 when the worker is caught up."""
+        frm = self._backlog_from
+        age = self.spool.pending_age_s(after=frm)
+        per = self._s_per_record
+        if per is None:
+            return age
+        waiting = self.spool.last_seq - max(self._next_seq - 1, frm)
+        return max(age, waiting * per)
+
+    def _check_backlog(self) -> None:
+        """Raise Backpressure when ``max_backlog_s`` is set, the store works and the backlog is
+        older than it. Checked before anything else, so a refusal costs next to nothing."""
+        bound = self.settings.max_backlog_s
+        if bound is None or self._store_failing:
+            return
+        age = self.backlog_s()
+        if age > bound:
+            self.stats.backpressure += 1
+            raise Backpressure(f"storing is {age:.1f} s behind (RELYSCOPE_MAX_BACKLOG_S={bound:g})")
 
     def _accept(self, body: bytes, content_type: str | None) -> Validation:
         result = validate_http(body, content_type, None, self.limits)
@@ -548,13 +586,16 @@ class Pipeline:
             self._cv.notify_all()  # a draining shutdown stops waiting
 
     def _store_ok(self) -> None:
+        if self._store_failing:  # what the outage left behind drains without refusing new requests
+            self._backlog_from = max(self._backlog_from, self.spool.last_seq)
         self._store_failing = False
         self._failures = 0
         self._last_error = None
 
     def _work_once(self) -> bool:
         """Process at most one batch, finalize what is due, commit. True if a batch was stored."""
-        if time.monotonic() < self._retry_at:
+        t_start = time.monotonic()
+        if t_start < self._retry_at:
             return False  # the store failed a moment ago
         now = self.clock()
         if not self._restored and not self._restore_open(now):
@@ -625,6 +666,10 @@ class Pipeline:
         stored = self._emit(finalized)
         self._commit_spool(state=bool(finalized))
         self._open_traces = self.builder.open_traces
+        if did:  # wall seconds per record, decode to commit: what backlog_s multiplies
+            per = (time.monotonic() - t_start) / len(batch)
+            old = self._s_per_record
+            self._s_per_record = per if old is None else old + _RATE_ALPHA * (per - old)
         return did and stored
 
     def _unstorable(self, batch: list[tuple[int, DecodeResult]], err: StoreRejected) -> None:

@@ -601,8 +601,14 @@ class Spool:
 
         0.0 when nothing is pending; never negative (clock steps are clamped).
         """
+        return self.pending_age_s()
+
+    def pending_age_s(self, after: int = 0) -> float:
+        """Age in seconds (from its stored append time) of the oldest uncommitted durable record
+        whose sequence is above ``after``; 0.0 when there is none; never negative (clock steps
+        are clamped). Cost: a bisection per segment."""
         with self._cv:
-            c = self._committed
+            c = max(self._committed, after)
             for s in self._segments:
                 i = bisect.bisect_right(s.seqs, c)
                 if i < len(s.seqs) and s.seqs[i] <= self._durable_seq:

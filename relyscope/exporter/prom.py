@@ -25,7 +25,7 @@ Reliability gauges are built at scrape time from the latest group scores:
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
-``relyscope_spans_redacted_total{kind=redacted|redacted_identity}``, ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_spool_pending_records``,
+``relyscope_spans_redacted_total{kind=redacted|redacted_identity}``, ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_backlog_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
 ``relyscope_store_write_seconds`` (histogram),
@@ -165,11 +165,15 @@ class _ReliabilityCollector(Collector):
         yield CounterMetricFamily("relyscope_decode_worker_restarts", "Decode worker pool restarts: a worker "
                                   "died, or gave no result within RELYSCOPE_DECODE_TIMEOUT_S (killed; the record "
                                   "was decoded in the worker thread)", value=getattr(p, "decode_restarts", 0))
-        yield CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal (spool full, in-flight byte budget)", value=s.backpressure)
+        yield CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal (spool full, in-flight byte budget, backlog over RELYSCOPE_MAX_BACKLOG_S)", value=s.backpressure)
         yield GaugeMetricFamily("relyscope_spool_bytes", "Bytes in the durable spool", value=p.spool.bytes_used)
         yield GaugeMetricFamily("relyscope_spool_max_bytes", "Capacity of the durable spool", value=p.settings.spool_max_bytes)
         yield GaugeMetricFamily("relyscope_spool_pending_records", "Spool records not yet committed", value=p.spool.pending_records)
         yield GaugeMetricFamily("relyscope_spool_oldest_age_seconds", "Age of the oldest uncommitted spool record", value=p.spool.oldest_pending_age_s)
+        yield GaugeMetricFamily("relyscope_backlog_seconds", "How far storing is behind receiving: the larger of the age "
+                                "of the oldest spooled record not yet stored and the worker's estimated time for the "
+                                "records waiting, without what a store outage or the start's replay left (what "
+                                "RELYSCOPE_MAX_BACKLOG_S bounds)", value=p.backlog_s())
         yield GaugeMetricFamily("relyscope_queue_depth", "Spooled batches not yet processed", value=p.queue_depth)
         yield GaugeMetricFamily("relyscope_open_traces", "Traces buffered and not yet finalized", value=p.open_traces)
         yield GaugeMetricFamily("relyscope_open_traces_bytes", "Estimated memory of the open traces "
