@@ -19,14 +19,19 @@ the same run:
    With ``--workers 1,2`` the phase runs once per value of ``RELYSCOPE_DECODE_WORKERS`` (decode
    processes), each with a fresh sidecar; when any value is above 1 every such sidecar may use
    all cores (the client still runs on core 1), so the runs compare the same core set; the
-   cost of shipping a decoded batch back (pickle dumps + loads) is measured beside decode_http;
+   cost of shipping a decoded batch back (pickle dumps + loads) is measured beside decode_http.
+   Freshness: ``relyscope_spans_stored_total`` sampled every 0.25 s during the load and drain;
+   each acknowledged request's spans count as stored at the first sample that covers them:
+   acknowledged → stored p50/p99/max. With ``--max-backlog S`` the sidecar bounds its backlog
+   (``RELYSCOPE_MAX_BACKLOG_S``) and the client retries a 503 after its Retry-After, as OTLP
+   exporters do;
 4. phase "memory": a fresh sidecar with ``RELYSCOPE_ROOT_TIMEOUT_S`` huge; idle RSS, then the
    children of N traces whose roots never arrive (default 10 000 traces x 15 spans), waiting until
    all are stored and ``relyscope_open_traces`` reaches N; peak RSS (``VmHWM``) vs idle.
 
 Run: ``.venv/bin/python bench/bench_ingest.py [--seconds 8] [--conns 4] [--traces 10000]
 [--drain-seconds 60] [--phases receiver,worker,memory] [--workers 1,2] [--decoder fast|legacy]
-[--score-interval S]``
+[--score-interval S] [--max-backlog S]``
 """
 
 from __future__ import annotations
@@ -138,13 +143,16 @@ class Sidecar:
 # ---- load ---------------------------------------------------------------------------------------
 
 def load(url: str, tmpl: bytes, start_k: int, seconds: float | None, conns: int,
-         max_requests: int | None = None) -> dict:
+         max_requests: int | None = None, retry: bool = False) -> dict:
     """POST variants of ``tmpl`` from ``conns`` threads until ``seconds`` pass (or ``max_requests``
-    are sent). Returns accepted spans, request count, latencies (s), non-200 count, wall time."""
+    are sent). Returns accepted spans, request count, latencies (s), non-200 count, wall time, and
+    ``acks``: (perf_counter time of the 200, spans accepted so far) per acknowledged request.
+    ``retry``: as an OTLP exporter does, a 503 waits its ``Retry-After`` and sends the same
+    request again (counted in ``refused``; a latency is from the first send to the 200)."""
     n_spans = ExportTraceServiceRequest.FromString(tmpl).resource_spans[0].scope_spans[0].spans
     per_req = len(n_spans)
     lock = threading.Lock()
-    state = {"k": start_k, "accepted": 0, "errors": 0, "lat": [], "requests": 0}
+    state = {"k": start_k, "accepted": 0, "errors": 0, "lat": [], "requests": 0, "acks": [], "refused": 0}
     stop_at = time.perf_counter() + seconds if seconds else float("inf")
     limit_k = start_k + max_requests if max_requests else None
 
@@ -159,13 +167,19 @@ def load(url: str, tmpl: bytes, start_k: int, seconds: float | None, conns: int,
                 body = variant(tmpl, k)
                 t = time.perf_counter()
                 r = client.post(url + "/v1/traces", content=body, headers=PB)
-                dt = time.perf_counter() - t
+                while retry and r.status_code == 503 and time.perf_counter() < stop_at:
+                    with lock:
+                        state["refused"] += 1
+                    time.sleep(float(r.headers.get("Retry-After", "1")))
+                    r = client.post(url + "/v1/traces", content=body, headers=PB)
+                now = time.perf_counter()
                 with lock:
                     state["requests"] += 1
-                    state["lat"].append(dt)
+                    state["lat"].append(now - t)
                     if r.status_code == 200:
                         rej = ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans
                         state["accepted"] += per_req - rej
+                        state["acks"].append((now, state["accepted"]))
                     else:
                         state["errors"] += 1
 
@@ -178,6 +192,48 @@ def load(url: str, tmpl: bytes, start_k: int, seconds: float | None, conns: int,
     state["wall"] = time.perf_counter() - t0
     state["next_k"] = state["k"]
     return state
+
+
+class StoredWatch:
+    """Samples ``relyscope_spans_stored_total`` every ``every_s`` in a thread: (perf_counter time,
+    spans stored) — for the acknowledged → stored freshness of each request."""
+
+    def __init__(self, sc: "Sidecar", every_s: float = 0.25):
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(sc, every_s), daemon=True)
+        self._t.start()
+
+    def _run(self, sc: "Sidecar", every_s: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.perf_counter(), int(sc.metric("relyscope_spans_stored_total"))))
+            except Exception:  # noqa: BLE001 - a slow scrape: the next one counts
+                pass
+            self._stop.wait(every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(30)
+
+    def freshness(self, acks: list[tuple[float, int]]) -> tuple[list[float], int]:
+        """(seconds from each request's 200 to the first sample counting its spans as stored,
+        requests never seen stored). Requests are matched by cumulative count: the spool stores in
+        append order, and 200s come back in about that order (4 connections: off by a request or
+        two, milliseconds)."""
+        import bisect
+
+        counts = [n for _, n in self.samples]
+        lags, missing = [], 0
+        for t_ack, cum in sorted(acks):
+            i = bisect.bisect_left(counts, cum)
+            while i < len(self.samples) and self.samples[i][0] < t_ack:
+                i += 1
+            if i >= len(self.samples):
+                missing += 1
+            else:
+                lags.append(self.samples[i][0] - t_ack)
+        return lags, missing
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -234,17 +290,28 @@ def phase_worker(root: Path, tmpl: bytes, args, workers: int = 1,
         env["RELYSCOPE_INGEST_DECODER"] = args.decoder
     if args.score_interval:
         env["RELYSCOPE_SCORE_INTERVAL_S"] = str(args.score_interval)
+    if args.max_backlog:
+        env["RELYSCOPE_MAX_BACKLOG_S"] = str(args.max_backlog)
     sc = Sidecar(root / f"b{workers}", env, all_cores=all_cores)
     where = "cores 0-1" if all_cores else "core 0"
     print(f"-- {workers} decode worker{'s' if workers > 1 else ''} (RELYSCOPE_DECODE_WORKERS={workers}), "
-          f"sidecar on {where}, decoder {args.decoder or 'default'}")
+          f"sidecar on {where}, decoder {args.decoder or 'default'}"
+          + (f", RELYSCOPE_MAX_BACKLOG_S={args.max_backlog:g} (503s retried after Retry-After)"
+             if args.max_backlog else ""))
+    watch = StoredWatch(sc)
     try:
         t0 = time.perf_counter()
-        b = load(sc.http, tmpl, 0, args.seconds, args.conns)
+        b = load(sc.http, tmpl, 0, args.seconds, args.conns, retry=bool(args.max_backlog))
         rate = b["accepted"] / b["wall"]
         print(_line("receiver + worker", b, rate))
         s1, t1 = int(sc.metric("relyscope_spans_stored_total")), time.perf_counter()
         stored, t_end = wait_stored(sc, b["accepted"], args.drain_seconds)
+        watch.stop()
+        lags, missing = watch.freshness(b["acks"])
+        if lags:
+            print(f"{'acknowledged→stored':<20}: p50 {pct(lags, 50):.2f} s, p99 {pct(lags, 99):.2f} s, max "
+                  f"{max(lags):.2f} s over {len(lags)} requests ({missing} not stored by the end of the drain; "
+                  f"{b['refused']} refusals retried; sampled every 0.25 s)")
         e2e = stored / (t_end - t0)
         trials = sc.metric("relyscope_trials_finalized_total")
         print(f"{'end to end (stored)':<20}: {e2e:12,.0f} spans/s  ({stored} of {b['accepted']} accepted "
@@ -253,6 +320,7 @@ def phase_worker(root: Path, tmpl: bytes, args, workers: int = 1,
         print(f"{'worker after load':<20}: {after:12,.0f} spans/s stored  "
               f"({stored - s1} spans in the {t_end - t1:.1f} s after the load stopped; no receiver work)")
     finally:
+        watch.stop()
         sc.stop()
     return rate, e2e, after
 
@@ -317,6 +385,9 @@ def main() -> None:
                     "(RELYSCOPE_INGEST_DECODER: fast, the default, or legacy)")
     ap.add_argument("--score-interval", type=float, default=0.0,
                     help="RELYSCOPE_SCORE_INTERVAL_S of the worker phase (default 5: the scorer competes)")
+    ap.add_argument("--max-backlog", type=float, default=0.0,
+                    help="RELYSCOPE_MAX_BACKLOG_S of the worker phase (default unset); the client then "
+                    "retries a 503 after its Retry-After, as an OTLP exporter does")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     if (os.cpu_count() or 1) > 1:
