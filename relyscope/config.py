@@ -50,8 +50,9 @@ class Settings(BaseSettings):
         "(relyscope_backlog_seconds: the larger of the oldest unstored record's age and the worker's estimated "
         "time for the records waiting): while the store works, a request arriving when storing is further "
         "behind is refused with the retryable signal (HTTP 503 + Retry-After, gRPC RESOURCE_EXHAUSTED), so that "
-        "senders slow down to the stored rate and freshness stays bounded. A backlog left by a store outage or "
-        "a restart is exempt (the spool is there to absorb it). Unset: absorb any backlog up to spool_max_bytes")
+        "senders slow down to the stored rate and freshness stays bounded. Off while the store fails or a record "
+        "is retried; the backlog a restart or a failure of at least this long left is exempt (the spool is there "
+        "to absorb it). Unset: absorb any backlog up to spool_max_bytes")
     queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
     decode_workers: int = Field(
         1, ge=1, le=64, description="processes that decode spool records for the worker (1: in the worker thread); "

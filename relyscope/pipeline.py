@@ -19,7 +19,8 @@ store on the next start. A store outage never blocks ``accept``: the spool keeps
 (``SpoolFull`` → :class:`Backpressure` when it is full) and drains when the store returns.
 With ``max_backlog_s`` set, a sidecar slower than its senders refuses requests (retryable) while
 storing is further behind than that (:meth:`Pipeline.backlog_s`), so freshness stays bounded;
-the backlog an outage or a restart leaves is exempt.
+it is off while the store fails or a record is retried, and the backlog a restart or a long
+failure leaves is exempt.
 Retryable store errors back off (0.5 s doubling up to ``store_retry_max_s``); a record refused
 with a data error is quarantined after ``quarantine_after_s`` (:meth:`Pipeline._unstorable`).
 
@@ -199,9 +200,15 @@ class Pipeline:
         self._retry_at = 0.0  # monotonic time before which the worker does not retry the store
         self._store_failing = False
         #: records up to this sequence are exempt from ``max_backlog_s``: appended before this start
-        #: (replayed) or while the store was failing (the backlog an outage left)
+        #: (replayed) or before the store recovered from a long failure (the backlog it left)
         self._backlog_from = self.spool.last_seq
-        #: moving average of the worker's wall seconds per spool record (None until a batch is stored)
+        #: wall time (ns) the worker passed ``_backlog_from``; None while it is still draining that
+        #: exempt backlog (records behind it wait from this moment on, not from their append)
+        self._exempt_done_ns: int | None = None if self.spool.last_seq > self.spool.committed_seq else 0
+        #: monotonic time the store started failing or refusing a record (None: working)
+        self._impaired_since: float | None = None
+        #: moving average of the worker's wall seconds per spool record over full batches (None
+        #: until one is stored: a small batch is mostly fixed cost and would overstate it)
         self._s_per_record: float | None = None
         self._stop = threading.Event()
         self._flush_req = 0
@@ -384,11 +391,18 @@ class Pipeline:
         """How far storing is behind receiving, seconds (what ``max_backlog_s`` bounds): the
         larger of the age of the oldest spooled record not yet stored (committed) and the time the
         worker needs for the records waiting for it (their count times its recent wall seconds per
-        record) — the first alone undercounts when receiving is faster than storing: a backlog
-        only seconds old can take minutes to store. What a store outage or this start's replay
-        left is not counted; 0.0 when the worker is caught up."""
+        record in full batches) — the first alone undercounts when receiving is faster than
+        storing: a backlog only seconds old can take minutes to store. What this start's replay
+        or a store failure of at least ``max_backlog_s`` left is not counted, and the records
+        queued behind it count their wait from when the worker got past it; 0.0 when the
+        worker is caught up."""
         frm = self._backlog_from
-        age = self.spool.pending_age_s(after=frm)
+        done = self._exempt_done_ns
+        if done is None and self._next_seq - 1 >= frm:  # the exempt backlog is drained
+            done = self._exempt_done_ns = time.time_ns()
+        age = 0.0
+        if done is not None:
+            age = min(self.spool.pending_age_s(after=frm), max(0.0, (time.time_ns() - done) / 1e9))
         per = self._s_per_record
         if per is None:
             return age
@@ -399,7 +413,7 @@ class Pipeline:
         """Raise Backpressure when ``max_backlog_s`` is set, the store works and the backlog is
         older than it. Checked before anything else, so a refusal costs next to nothing."""
         bound = self.settings.max_backlog_s
-        if bound is None or self._store_failing:
+        if bound is None or self._impaired_since is not None:  # the spool absorbs store trouble
             return
         age = self.backlog_s()
         if age > bound:
@@ -574,8 +588,31 @@ class Pipeline:
     def _queue_empty(self) -> bool:
         return self._next_seq > self.spool.last_seq
 
+    def _impaired(self) -> None:
+        """The store failed or refused a record: ``max_backlog_s`` stops refusing until it works."""
+        if self._impaired_since is None:
+            self._impaired_since = time.monotonic()
+
+    def _note_recovery(self) -> None:
+        """After a pass of the worker: once the store writes again and no record or trial is
+        being retried, the bound applies again; what a failure of at least ``max_backlog_s``
+        left behind drains exempt (a brief blip exempts nothing)."""
+        if self._impaired_since is None:
+            return
+        committed = self.spool.committed_seq
+        if (self._store_failing or self._pending_trials or self._next_seq <= self._single_until
+                or any(q > committed for q in self._strikes)):
+            return
+        lasted = time.monotonic() - self._impaired_since
+        self._impaired_since = None
+        bound = self.settings.max_backlog_s
+        if bound is not None and lasted >= bound:
+            self._backlog_from = max(self._backlog_from, self.spool.last_seq)
+            self._exempt_done_ns = None
+
     def _store_error(self, e: Exception) -> None:
         """A retryable store failure: back off 0.5 s, 1 s, 2 s, … up to ``store_retry_max_s``."""
+        self._impaired()
         self.stats.store_errors += 1
         self._last_error = str(e)
         self._store_failing = True
@@ -586,20 +623,18 @@ class Pipeline:
             self._cv.notify_all()  # a draining shutdown stops waiting
 
     def _store_ok(self) -> None:
-        if self._store_failing:  # what the outage left behind drains without refusing new requests
-            self._backlog_from = max(self._backlog_from, self.spool.last_seq)
         self._store_failing = False
         self._failures = 0
         self._last_error = None
 
     def _work_once(self) -> bool:
         """Process at most one batch, finalize what is due, commit. True if a batch was stored."""
-        t_start = time.monotonic()
-        if t_start < self._retry_at:
+        if time.monotonic() < self._retry_at:
             return False  # the store failed a moment ago
         now = self.clock()
         if not self._restored and not self._restore_open(now):
             return False
+        t_start = time.monotonic()
         # take several spool records and write their spans in one insert: ClickHouse inserts
         # cost ~2x more per span in batches of 512 than of 8192 (bench/README.md)
         batch: list[tuple[int, DecodeResult]] = []
@@ -666,8 +701,9 @@ class Pipeline:
         stored = self._emit(finalized)
         self._commit_spool(state=bool(finalized))
         self._open_traces = self.builder.open_traces
-        if did:  # wall seconds per record, decode to commit: what backlog_s multiplies
-            per = (time.monotonic() - t_start) / len(batch)
+        self._note_recovery()
+        if did and (n_spans >= _INSERT_BATCH_SPANS or len(batch) >= 256):  # a full batch, as when behind
+            per = (time.monotonic() - t_start) / len(batch)  # decode to commit: what backlog_s multiplies
             old = self._s_per_record
             self._s_per_record = per if old is None else old + _RATE_ALPHA * (per - old)
         return did and stored
@@ -680,6 +716,7 @@ class Pipeline:
         rejected as ``unstorable`` — so that it cannot block every record behind it forever.
         A retryable error in between does not reset the count; any stored write does (the
         record was not the culprit)."""
+        self._impaired()
         self.stats.store_errors += 1
         self._last_error = str(err)
         if len(batch) > 1:
@@ -773,6 +810,7 @@ class Pipeline:
                     log.error("trial %s cannot be stored; dropped (its spans are stored): %s", t.trial_id, e)
                     continue
                 self._trial_strikes[t.trial_id] = (first, n)
+                self._impaired()
                 self.stats.store_errors += 1
                 self._last_error = str(e)
                 self._retry_at = now + min(self.settings.store_retry_max_s, _STORE_RETRY_S * 2 ** (n - 1))

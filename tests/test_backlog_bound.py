@@ -24,18 +24,18 @@ SCRIPT = textwrap.dedent("""
     st = Store(f"chdb://{root}/data")
     out = {}
 
-    def body(i):
-        span = {"traceId": f"{i:032x}", "spanId": f"{i:016x}", "name": f"span-{i}", "kind": 1,
+    def body(i, name=None):
+        span = {"traceId": f"{i:032x}", "spanId": f"{i:016x}", "name": name or f"span-{i}", "kind": 1,
                 "startTimeUnixNano": "1760000000000000000", "endTimeUnixNano": "1760000001000000000"}
         return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
 
-    def pipeline(name):
+    def pipeline(name, bound=0.3):
         return Pipeline(Settings(store=st.dsn, spool_dir=f"{root}/{name}", grace_period_s=0,
-                                 max_backlog_s=0.3), st)
+                                 quarantine_after_s=0, max_backlog_s=bound), st)
 
-    def refused(p, i):
+    def refused(p, i, name=None):
         try:
-            p.accept(body(i), "application/json")
+            p.accept(body(i, name), "application/json")
             return None
         except Backpressure as e:
             return str(e)
@@ -68,9 +68,13 @@ SCRIPT = textwrap.dedent("""
     p = pipeline("b")
     out["b_after_restart"] = refused(p, 4)
     out["b_backlog_s"] = p.backlog_s()
+    time.sleep(0.6)  # record 4 is 0.6 s old, queued behind the replay (not started yet)
+    out["b_behind_replay"] = refused(p, 5)
     p.start()
     p.flush(timeout_s=60)
-    out["b_stored"] = stored(3, 4)
+    out["b_stored"] = stored(3, 4, 5)
+    out["b_after_drain"] = refused(p, 6)
+    p.flush(timeout_s=60)
     p.shutdown()
 
     # C: a store outage: the spool absorbs it, however old the backlog gets
@@ -91,8 +95,21 @@ SCRIPT = textwrap.dedent("""
     p.flush(timeout_s=60)
     out["c_stored"] = stored(5, 6, 7)
     p.shutdown()
-    # D: receiving faster than storing: refused by the worker's estimated time for what waits,
-    # long before the oldest waiting record is as old as the bound
+    # D1: receiving faster than storing: the worker's estimated time for what waits (count x its
+    # seconds per record) refuses long before the oldest waiting record is as old as the bound
+    p = pipeline("d1", bound=1.0)
+    out["d1_three"] = [refused(p, i) for i in (8, 9, 10)]
+    p._s_per_record = 0.3  # as measured by the worker on full batches (D2)
+    out["d1_backlog_s"] = p.backlog_s()  # 3 waiting x 0.3 s
+    out["d1_fourth"] = refused(p, 11)  # 0.9 s behind: let in
+    out["d1_fifth"] = refused(p, 12)  # 4 x 0.3 = 1.2 s behind: refused
+    out["d1_oldest_age_s"] = p.spool.oldest_pending_age_s
+    p.start()
+    out["d1_flushed"] = p.flush(timeout_s=60)
+    out["d1_stored"] = stored(8, 9, 10, 11, 12)
+    p.shutdown()
+
+    # D2: the estimate comes from full batches only: a 1-record batch is mostly fixed cost
     real = st.insert_span_columns, st.insert_spans
     def slow(fn):
         def call(*a, **k):
@@ -100,22 +117,40 @@ SCRIPT = textwrap.dedent("""
             return fn(*a, **k)
         return call
     st.insert_span_columns, st.insert_spans = slow(real[0]), slow(real[1])
-    p = Pipeline(Settings(store=st.dsn, spool_dir=f"{root}/d", grace_period_s=0, max_backlog_s=1.0), st)
+    p = pipeline("d2", bound=600)
     p.start()
-    out["d_first"] = refused(p, 8)
+    refused(p, 20)
     p.flush(timeout_s=60)
-    out["d_s_per_record"] = p._s_per_record
-    t0 = time.monotonic()
-    out["d_refused_at"] = None
-    for i in range(9, 40):
-        if refused(p, i) is not None:
-            out["d_refused_at"], out["d_refused_after_s"] = i - 9, time.monotonic() - t0
-            break
-    out["d_flushed"] = p.flush(timeout_s=60)
-    out["d_accepted"] = p.stats.accepted
-    out["d_stored"] = stored(*range(8, 8 + p.stats.accepted))
+    out["d2_after_one"] = p._s_per_record
+    p.shutdown()
+    p = pipeline("d2b", bound=600)
+    for i in range(100, 356):  # 256 records: one full batch (the worker's record cap)
+        refused(p, i)
+    p.start()
+    p.flush(timeout_s=60)
+    out["d2_after_full"] = p._s_per_record
     p.shutdown()
     st.insert_span_columns, st.insert_spans = real
+
+    # E: a record the store refuses is retried, then quarantined: meanwhile the bound is off
+    with open(down, "w") as f:
+        json.dump({"code": 53, "match": "poison", "tables": ["otel_traces"]}, f)
+    st.fault_file = down
+    p = pipeline("e")
+    p.start()
+    out["e_poison"] = refused(p, 400, "poison")
+    deadline = time.monotonic() + 30
+    while p._impaired_since is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.6)
+    out["e_while_retried"] = refused(p, 401)
+    out["e_flushed"] = p.flush(timeout_s=60)
+    out["e_unstorable"] = p.stats.rejected["unstorable"]
+    out["e_stored"] = stored(401)
+    out["e_after"] = refused(p, 402)
+    p.flush(timeout_s=60)
+    p.shutdown()
+    os.remove(down)
     st.close()
     print(json.dumps(out))
 """)
@@ -144,7 +179,8 @@ def test_the_backlog_a_restart_leaves_is_exempt(outcome):
     assert outcome["b_first"] is None
     assert outcome["b_after_restart"] is None  # record 3 is 0.6 s old, but replayed
     assert outcome["b_backlog_s"] < 0.3
-    assert outcome["b_stored"] == 2
+    assert outcome["b_behind_replay"] is None  # record 4 waits behind the replay: its clock has not started
+    assert outcome["b_stored"] == 3 and outcome["b_after_drain"] is None
 
 
 def test_a_store_outage_is_absorbed_by_the_spool_not_refused(outcome):
@@ -155,15 +191,30 @@ def test_a_store_outage_is_absorbed_by_the_spool_not_refused(outcome):
 
 
 def test_receiving_faster_than_storing_is_refused_by_the_estimated_wait_not_only_by_age(outcome):
-    """Each insert takes 0.25 s: once about 4 records wait (4 x 0.25 s = the 1 s bound) a request is
-    refused, while the oldest waiting record is still far younger than 1 s. An age-only bound let
-    the bench's receiver admit ten times what the worker stores in the bound."""
-    assert outcome["d_first"] is None
-    assert outcome["d_s_per_record"] >= 0.25
-    assert outcome["d_refused_at"] is not None and 3 <= outcome["d_refused_at"] <= 8
-    assert outcome["d_refused_after_s"] < 1.0
-    assert outcome["d_flushed"] is True
-    assert outcome["d_stored"] == outcome["d_accepted"] == 1 + outcome["d_refused_at"]
+    """By hand: 3 waiting records x 0.3 s = 0.9 s behind (let in), 4 x 0.3 = 1.2 s > the 1 s
+    bound (refused), while the oldest waiting record is far younger than 1 s. An age-only bound
+    let the bench's receiver admit ten times what the worker stores within the bound."""
+    assert outcome["d1_three"] == [None, None, None]
+    assert abs(outcome["d1_backlog_s"] - 0.9) < 1e-9
+    assert outcome["d1_fourth"] is None
+    assert outcome["d1_fifth"] is not None and "RELYSCOPE_MAX_BACKLOG_S=1" in outcome["d1_fifth"]
+    assert outcome["d1_oldest_age_s"] < 1.0
+    assert outcome["d1_flushed"] is True and outcome["d1_stored"] == 4
+
+
+def test_the_workers_estimate_comes_from_full_batches(outcome):
+    """Each insert sleeps 0.25 s. One record alone: no estimate (it would say 0.25 s per record);
+    256 records in one batch: between 0.25 / 256 s and well under the single-record figure."""
+    assert outcome["d2_after_one"] is None
+    per = outcome["d2_after_full"]
+    assert per is not None and 0.25 / 256 <= per < 0.05
+
+
+def test_a_record_being_retried_then_quarantined_does_not_turn_the_bound_on_everyone(outcome):
+    assert outcome["e_poison"] is None
+    assert outcome["e_while_retried"] is None  # the poison record is 0.6 s old: retried, not lag
+    assert outcome["e_flushed"] is True and outcome["e_unstorable"] == 1 and outcome["e_stored"] == 1
+    assert outcome["e_after"] is None
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "soon"])
