@@ -410,8 +410,9 @@ class Pipeline:
         return max(age, waiting * per)
 
     def _check_backlog(self) -> None:
-        """Raise Backpressure when ``max_backlog_s`` is set, the store works and the backlog is
-        older than it. Checked before anything else, so a refusal costs next to nothing."""
+        """Raise Backpressure when ``max_backlog_s`` is set, the store works and storing is
+        further behind than it (:meth:`backlog_s`). Checked before the body is decompressed,
+        validated or spooled, so a refusal costs little."""
         bound = self.settings.max_backlog_s
         if bound is None or self._impaired_since is not None:  # the spool absorbs store trouble
             return
