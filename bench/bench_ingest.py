@@ -242,16 +242,20 @@ def pct(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=1000, method="inclusive")[int(q * 10) - 1] if len(xs) > 1 else xs[0]
 
 
-def wait_stored(sc: Sidecar, want: int, timeout_s: float) -> tuple[int, float]:
+def wait_stored(sc: Sidecar, want: int, timeout_s: float, watch: "StoredWatch | None" = None) -> tuple[int, float]:
     """(spans stored, when) once ``want`` spans are stored or ``timeout_s`` passed. Polls the
-    ``relyscope_spans_stored_total`` counter on /metrics every 0.25 s (cheap); the spans a
-    ``GET /api/v1/spans`` FINAL count finds are checked once at the end (polling that count, as
-    this script did before 2026-12-03, cost the sidecar ~0.1-0.3 s of chDB work every 2 s and
-    held the store lock against the worker's inserts)."""
+    ``relyscope_spans_stored_total`` counter on /metrics every 0.25 s (cheap) — or reads the
+    latest sample of ``watch``, which polls it already, so the sidecar is not scraped twice; the
+    spans a ``GET /api/v1/spans`` FINAL count finds are checked once at the end (polling that
+    count, as this script did before 2026-12-03, cost the sidecar ~0.1-0.3 s of chDB work every
+    2 s and held the store lock against the worker's inserts)."""
     deadline = time.monotonic() + timeout_s
     n, t = -1, time.perf_counter()
     while time.monotonic() < deadline:
-        n, t = int(sc.metric("relyscope_spans_stored_total")), time.perf_counter()
+        if watch is not None and watch.samples:
+            t, n = watch.samples[-1]
+        else:
+            n, t = int(sc.metric("relyscope_spans_stored_total")), time.perf_counter()
         if n >= want:
             break
         time.sleep(0.25)
@@ -307,7 +311,7 @@ def phase_worker(root: Path, tmpl: bytes, args, workers: int = 1,
         rate = b["accepted"] / b["wall"]
         print(_line("receiver + worker", b, rate))
         s1, t1 = int(sc.metric("relyscope_spans_stored_total")), time.perf_counter()
-        stored, t_end = wait_stored(sc, b["accepted"], args.drain_seconds)
+        stored, t_end = wait_stored(sc, b["accepted"], args.drain_seconds, watch)
         watch.stop()
         lags, missing = watch.freshness(b["acks"])
         if lags:

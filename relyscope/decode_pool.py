@@ -35,7 +35,6 @@ Errors: an exception raised by ``fn`` in a worker is re-raised by :meth:`Ordered
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import multiprocessing
 import os
@@ -46,6 +45,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
+
+from relyscope.memory import gc_paused
 
 __all__ = ["DecodePool", "OrderedPrefetch"]
 
@@ -60,14 +61,8 @@ _START_TIMEOUT_S = 60.0
 def _shipped(fn: Callable[[bytes], Any], payload: bytes) -> bytes:
     """Run in a worker: ``fn(payload)`` with the cyclic GC off (its objects all live until they
     are pickled), returned pickled, so the parent's pool thread only moves bytes."""
-    on = gc.isenabled()
-    if on:
-        gc.disable()
-    try:
+    with gc_paused():
         return pickle.dumps(fn(payload), protocol=pickle.HIGHEST_PROTOCOL)
-    finally:
-        if on:
-            gc.enable()
 
 
 def _touch(fn: Callable) -> None:

@@ -18,6 +18,9 @@ returned to the system only from its top. Two standard glibc controls (``mallopt
 On a C library other than glibc (musl, macOS) both are no-ops that return False.
 Figures: bench/README.md, section ``bench_memory.py``.
 
+- :func:`gc_paused` — the cyclic collector off for one block of work whose objects all live
+  until it ends (a worker batch, a decode in a decode process).
+
 - :func:`settle_gc` — a full collection, then ``gc.freeze()``: the objects alive then (the
   scorer's in-memory windows and trajectory samples, the loaded modules) leave the collector's
   generations, so its automatic full (generation 2) collections scan only what was allocated
@@ -30,6 +33,7 @@ Figures: bench/README.md, section ``bench_memory.py``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -74,6 +78,22 @@ def trim() -> bool:
     if _LIBC is None:
         return False
     return bool(_LIBC.malloc_trim(ctypes.c_size_t(0)))
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for the block, then on again (left off if it was
+    off): for work whose objects all live until the block ends, where collections would only
+    re-traverse them. The worker's batches and the decode processes use it; the first
+    allocation after the block collects once."""
+    on = gc.isenabled()
+    if on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if on:
+            gc.enable()
 
 
 def settle_gc() -> int:

@@ -42,7 +42,6 @@ than the whole spool) are raised to the receivers, which map them to OTLP status
 from __future__ import annotations
 
 import collections
-import gc
 import json
 import logging
 import os
@@ -66,6 +65,7 @@ from relyscope.collector.records import TAG_JSON, TAG_PROTO
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
 from relyscope.decode_pool import DecodePool, OrderedPrefetch
+from relyscope.memory import gc_paused
 from relyscope.model import CanonicalSpan, Trial
 from relyscope.scorers.policy import Policy, load_policy
 from relyscope.scorers.profile import GroupScore
@@ -396,13 +396,11 @@ class Pipeline:
         or a store failure of at least ``max_backlog_s`` left is not counted, and the records
         queued behind it count their wait from when the worker got past it; 0.0 when the
         worker is caught up."""
-        frm = self._backlog_from
+        frm, now = self._backlog_from, time.time_ns()
         done = self._exempt_done_ns
         if done is None and self._next_seq - 1 >= frm:  # the exempt backlog is drained
-            done = self._exempt_done_ns = time.time_ns()
-        age = 0.0
-        if done is not None:
-            age = min(self.spool.pending_age_s(after=frm), max(0.0, (time.time_ns() - done) / 1e9))
+            done = self._exempt_done_ns = now
+        age = 0.0 if done is None else min(self.spool.pending_age_s(after=frm), max(0.0, (now - done) / 1e9))
         per = self._s_per_record
         if per is None:
             return age
@@ -548,14 +546,8 @@ class Pipeline:
         them; the first allocation after the batch collects once. This cut the GC share of the
         worker from ~15-20 to ~4 us per span (bench/bench_worker.py). The GC is never off while
         the worker waits."""
-        gc_on = gc.isenabled()
-        if gc_on:
-            gc.disable()
-        try:
+        with gc_paused():
             return self._work_once()
-        finally:
-            if gc_on:
-                gc.enable()
 
     def _work_loop(self) -> None:
         while not self._stop.is_set():
