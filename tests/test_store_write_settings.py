@@ -118,3 +118,30 @@ def test_only_a_refusal_of_the_setting_drops_it_not_an_outage_whose_text_names_i
         assert st._write_opts == {}
     finally:
         st.close()
+
+
+def test_the_recent_rows_path_filters_the_latest_row_of_a_key_as_final_does(tmp_path):
+    """``load_trials(min_version_ns=…)`` answers as the ``FINAL`` read for the keys it covers: a
+    filter on a column that changed between two rows of one trial key (its trace, its end time,
+    its task) is applied to the key's latest row, never to an older one. Before the fix the filter
+    ran before ``LIMIT 1 BY`` and the older row came back as if it were current."""
+    other = "cd" * 16
+    st = Store(f"chdb://{tmp_path / 'data'}", database="w")
+    try:
+        old = _trial(0, "failure")
+        # the same key (trial id, agent, version, run kind) later stored from another trace,
+        # ending an hour later, under another task: that row is the trial now
+        new = Trial(**{**{f: getattr(old, f) for f in old.__dataclass_fields__},
+                       "trace_id": other, "end_ns": BASE + 3600 * 10**9, "task_id": "t2",
+                       "revision": 1, "outcome": "success"})
+        st.insert_trials([old])
+        st.insert_trials([new])
+        for filters, want in (({"trace_ids": [T]}, []), ({"trace_ids": [other]}, [1]),
+                              ({"until_ns": BASE + 2 * 10**9}, []), ({"task_id": "t1"}, []),
+                              ({"task_id": "t2"}, [1]), ({}, [1])):
+            final = [t.revision for t in st.load_trials(**filters)]
+            recent = [t.revision for t in st.load_trials(**filters, min_version_ns=0)]
+            assert final == want, filters
+            assert recent == want, filters
+    finally:
+        st.close()

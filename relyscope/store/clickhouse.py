@@ -321,6 +321,9 @@ _TRIAL_COLS = [
     "actions", "steps", "flags", "shadow_of", "perturbation_family", "perturbation_strength",
     "revision", "span_count", "evaluations", "version_ns", "task_input",
 ]
+#: the columns of the trials table's key (ORDER BY of its ReplacingMergeTree): every row of one key
+#: agrees on them, so a filter on them may run before the latest row of each key is picked
+_TRIAL_KEY_COLS = frozenset(("agent", "version", "run_kind", "trial_id"))
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Step))
 
 _STEP_FIELD_SET = frozenset(_STEP_FIELDS)  # membership per key per step: a list made loading trials slow
@@ -1006,7 +1009,8 @@ class Store:
         only the N trials stored (finalized) last, whatever their timestamps — a bound by the
         traffic that also holds for backfilled, old-dated runs. ``min_version_ns``: only trials
         whose latest row was stored after it (``version_ns >``), read without ``FINAL`` (the
-        version skip index prunes old parts: the cost follows the recent rows, not the table)."""
+        version skip index prunes old parts: the cost follows the recent rows, not the table);
+        the other filters apply to each key's latest row, as after ``FINAL``."""
         where, params = ["1"], {}
         for col, val in (("agent", agent), ("version", version), ("run_kind", run_kind), ("task_id", task_id)):
             if val is not None:
@@ -1038,12 +1042,16 @@ class Store:
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
         if min_version_ns is not None:
             cols = ", ".join(c for c in _TRIAL_COLS if c != "version_ns")
-            inner = [w for w in where if w != "status != 'superseded'"] + ["version_ns > %(minv)s"]
+            # the latest row of each key among the recent ones is its latest row (as FINAL keeps);
+            # only filters on the key's own columns may run before that pick — a filter on a
+            # column that can differ between two rows of one key (trace, task, end time, status)
+            # runs after it, on the latest row, as it does after FINAL
+            inner = [w for w in where if w.split(" ", 1)[0] in _TRIAL_KEY_COLS] + ["version_ns > %(minv)s"]
+            outer = [w for w in where if w.split(" ", 1)[0] not in _TRIAL_KEY_COLS]
             params["minv"] = int(min_version_ns)
-            # the latest row of each key among the recent ones is its latest row (as FINAL keeps)
             sql = (f"SELECT {cols} FROM (SELECT {cols}, version_ns FROM {{db}}.trials WHERE {' AND '.join(inner)} "
                    "ORDER BY version_ns DESC LIMIT 1 BY agent, version, run_kind, trial_id) "
-                   "WHERE status != 'superseded' ORDER BY trial_id")
+                   f"WHERE {' AND '.join(outer)} ORDER BY trial_id")
         if most_recent is not None:
             sql = (f"SELECT * FROM (SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')}, version_ns "
                    f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY version_ns DESC "
