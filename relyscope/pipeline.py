@@ -774,6 +774,9 @@ class Pipeline:
                 return False
         self._store_ok()
         stored, self._pending_trials = self._pending_trials, []
+        if self._trial_strikes:
+            for t in stored:
+                self._trial_strikes.pop(t.trial_id, None)
         self.stats.trials_finalized += len(stored)
         self.scoring.trials_stored(stored)
         return True
@@ -791,6 +794,7 @@ class Pipeline:
             try:
                 self.store.insert_trials([t])
                 kept.append(t)
+                self._trial_strikes.pop(t.trial_id, None)  # stored: its earlier refusals are over
             except StoreUnavailable as e:
                 self._store_error(e)
                 return False
