@@ -99,6 +99,12 @@ class Backpressure(Exception):
     retry_after_s = 2  # a full spool frees a segment within seconds once the store drains
 
 
+#: why a request was refused with the retryable signal (``relyscope_backpressure_total{reason}``):
+#: the durable spool is full, the in-flight byte budget of requests being received is spent, or
+#: storing is further behind than ``RELYSCOPE_MAX_BACKLOG_S``
+BACKPRESSURE_REASONS = ("spool_full", "inflight_budget", "backlog")
+
+
 @dataclass
 class Stats:
     """Self-observability counters (exported on /metrics)."""
@@ -115,10 +121,18 @@ class Stats:
     store_errors: int = 0
     # recent write latencies, drained by the exporter's histogram; bounded if nobody scrapes
     store_write_seconds: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4096))
-    backpressure: int = 0
+    backpressure: int = 0  # requests refused with the retryable signal, all reasons
+    #: the same by reason (:data:`BACKPRESSURE_REASONS`); :meth:`refused` counts both
+    backpressure_by: collections.Counter = field(default_factory=collections.Counter)
     # stored spans by redaction flag: "redacted" (the policy changed the span), "redacted_identity"
     # (an identity value or the span name got its keyed token)
     redacted: collections.Counter = field(default_factory=collections.Counter)
+
+    def refused(self, reason: str) -> None:
+        """Count one request refused with the retryable signal, for ``reason`` (one of
+        :data:`BACKPRESSURE_REASONS`)."""
+        self.backpressure += 1
+        self.backpressure_by[reason] += 1
 
 
 def spool_segment_bytes(settings: Settings) -> int:
@@ -380,7 +394,7 @@ class Pipeline:
         if body is not raw:
             inflated = len(body)  # a second buffer beside the compressed one the receiver holds
             if not self.inflight.try_acquire(inflated):
-                self.stats.backpressure += 1
+                self.stats.refused("inflight_budget")
                 raise Backpressure("in-flight byte budget exhausted")
         try:
             return self._accept(body, content_type)
@@ -416,7 +430,7 @@ class Pipeline:
             return
         age = self.backlog_s()
         if age > bound:
-            self.stats.backpressure += 1
+            self.stats.refused("backlog")
             raise Backpressure(f"storing is {age:.1f} s behind (RELYSCOPE_MAX_BACKLOG_S={bound:g})")
 
     def _accept(self, body: bytes, content_type: str | None) -> Validation:
@@ -442,7 +456,7 @@ class Pipeline:
         try:
             seq = self.spool.append(payload)
         except SpoolFull:
-            self.stats.backpressure += 1
+            self.stats.refused("spool_full")
             raise Backpressure("spool full") from None
         except ValueError:  # the spool is closed: shutting down
             raise Backpressure("shutting down") from None

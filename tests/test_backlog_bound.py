@@ -53,6 +53,7 @@ SCRIPT = textwrap.dedent("""
     out["a_late"] = refused(p, 2)
     out["a_pending"] = p.spool.pending_records
     out["a_backpressure"] = p.stats.backpressure
+    out["a_backpressure_by"] = dict(p.stats.backpressure_by)
     p.start()
     out["a_flushed"] = p.flush(timeout_s=60)
     out["a_after"] = refused(p, 2)
@@ -171,6 +172,7 @@ def test_a_backlog_older_than_the_bound_refuses_new_requests_until_the_worker_ca
     assert msg is not None and "RELYSCOPE_MAX_BACKLOG_S=0.3" in msg
     assert outcome["a_pending"] == 1  # the refused request was not spooled (not acknowledged)
     assert outcome["a_backpressure"] == 1
+    assert outcome["a_backpressure_by"] == {"backlog": 1}  # relyscope_backpressure_total{reason="backlog"}
     assert outcome["a_flushed"] is True and outcome["a_after"] is None
     assert outcome["a_stored"] == 2  # everything accepted is stored
 

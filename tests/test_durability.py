@@ -125,11 +125,14 @@ def post_json(sc: SidecarProc, spans: list[dict], client: httpx.Client | None = 
 
 
 # ---- reading the sidecar ----------------------------------------------------------------------
-def metric(sc: SidecarProc, name: str) -> float:
+def metric(sc: SidecarProc, name: str, labels: str | None = None) -> float:
+    """The one sample of ``name`` on /metrics; ``labels``: of the sample whose label set is
+    exactly that text (``'reason="backlog"'``)."""
     text = sc.get("/metrics").text
     vals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.split("{")[0].split(" ")[0] == name]
-    assert len(vals) == 1, f"{name} not exported once"
+            if line.split("{")[0].split(" ")[0] == name
+            and (labels is None or line.startswith(f"{name}{{{labels}}} "))]
+    assert len(vals) == 1, f"{name} {labels or ''} not exported once"
     return vals[0]
 
 
@@ -402,7 +405,10 @@ def test_full_spool_answers_503_retry_after_and_resource_exhausted_then_recovers
     gst = status_pb2.Status.FromString(details)
     ri = error_details_pb2.RetryInfo()
     assert gst.details[0].Unpack(ri) and ri.retry_delay.seconds > 0
-    assert metric(sc, "relyscope_backpressure_total") >= 3
+    # each refusal counted under its reason: the spool was full, not the budget or a backlog bound
+    assert metric(sc, "relyscope_backpressure_total", 'reason="spool_full"') >= 3
+    assert metric(sc, "relyscope_backpressure_total", 'reason="inflight_budget"') == 0
+    assert metric(sc, "relyscope_backpressure_total", 'reason="backlog"') == 0
 
     down.unlink()  # the store is back: the spool drains, space is freed, requests are accepted again
     late = trace_id_of(3, 1000)

@@ -47,4 +47,5 @@ def test_requests_beyond_the_inflight_budget_get_503_retry_after(tmp_path, sidec
     assert r.status_code == 200, r.text
     flush(sc)
     assert stored_keys(sc) == keys_of(_padded(a, 1)) | keys_of(_padded(b, 1))
-    assert metric(sc, "relyscope_backpressure_total") >= 1
+    assert metric(sc, "relyscope_backpressure_total", 'reason="inflight_budget"') >= 1
+    assert metric(sc, "relyscope_backpressure_total", 'reason="spool_full"') == 0

@@ -73,12 +73,12 @@ def test_stock_python_exporter_waits_the_hint_and_rides_out_a_full_spool(tmp_pat
     _fill_spool(sc)
     spans = _finished_spans(3)
     exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{sc.grpc_port}", insecure=True)  # default 10 s timeout
-    before = metric(sc, "relyscope_backpressure_total")
+    before = metric(sc, "relyscope_backpressure_total", 'reason="spool_full"')
     result: list = []
     caplog.set_level(logging.WARNING, logger="opentelemetry.exporter.otlp.proto.grpc.exporter")
     t = threading.Thread(target=lambda: result.append(exporter.export(spans)))
     t.start()
-    wait_until(lambda: metric(sc, "relyscope_backpressure_total") > before, what="first refused attempt")
+    wait_until(lambda: metric(sc, "relyscope_backpressure_total", 'reason="spool_full"') > before, what="first refused attempt")
     down.unlink()  # the store is back: the spool drains while the exporter waits
     t.join(30)
     exporter.shutdown()

@@ -121,7 +121,7 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
                           f"request of {len(raw)} bytes exceeds the limit of {limit} bytes (RELYSCOPE_MAX_BODY_BYTES); "
                           "send smaller batches")
         if not budget.try_acquire(len(raw)):
-            pipeline.stats.backpressure += 1
+            pipeline.stats.refused("inflight_budget")
             _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                              "relyscope in-flight byte budget exhausted; retry later", Backpressure.retry_after_s)
         try:
@@ -194,7 +194,7 @@ def _signal_handlers(pipeline: "Pipeline", token: str | None) -> list:
             if not check_bearer(md.get("authorization"), token):
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
             if not pipeline.inflight.try_acquire(len(raw)):  # the traces service's budget, shared
-                pipeline.stats.backpressure += 1
+                pipeline.stats.refused("inflight_budget")
                 _abort_retryable(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  "relyscope in-flight byte budget exhausted; retry later", Backpressure.retry_after_s)
             try:
@@ -290,7 +290,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
             budget.release(held[0])
 
     def over_budget(is_json: bool) -> Response:
-        pipeline.stats.backpressure += 1
+        pipeline.stats.refused("inflight_budget")
         return status_reply(503, grpc.StatusCode.UNAVAILABLE, "relyscope in-flight byte budget exhausted; retry "
                             "later", is_json, {"Retry-After": str(Backpressure.retry_after_s)})
 

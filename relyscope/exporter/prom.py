@@ -29,7 +29,7 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
 ``relyscope_store_write_seconds`` (histogram),
-``relyscope_backpressure_total``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
+``relyscope_backpressure_total{reason=spool_full|inflight_budget|backlog}``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
 ``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
 ``relyscope_open_traces_bytes``, ``relyscope_open_traces_finalized_early_total``,
 ``relyscope_inflight_bytes``. No task, trial or trace id is ever a label.
@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from relyscope.pipeline import BACKPRESSURE_REASONS
 
 if TYPE_CHECKING:
     from relyscope.pipeline import Pipeline
@@ -165,7 +167,13 @@ class _ReliabilityCollector(Collector):
         yield CounterMetricFamily("relyscope_decode_worker_restarts", "Decode worker pool restarts: a worker "
                                   "died, or gave no result within RELYSCOPE_DECODE_TIMEOUT_S (killed; the record "
                                   "was decoded in the worker thread)", value=getattr(p, "decode_restarts", 0))
-        yield CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal (spool full, in-flight byte budget, backlog over RELYSCOPE_MAX_BACKLOG_S)", value=s.backpressure)
+        bp = CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal, by reason: "
+                                 "spool_full (the durable spool is full), inflight_budget (the byte budget of requests "
+                                 "being received is spent), backlog (storing is further behind than "
+                                 "RELYSCOPE_MAX_BACKLOG_S)", labels=["reason"])
+        for reason in BACKPRESSURE_REASONS:  # every reason, 0 included: rate() sees the first refusal
+            bp.add_metric([reason], s.backpressure_by.get(reason, 0))
+        yield bp
         yield GaugeMetricFamily("relyscope_spool_bytes", "Bytes in the durable spool", value=p.spool.bytes_used)
         yield GaugeMetricFamily("relyscope_spool_max_bytes", "Capacity of the durable spool", value=p.settings.spool_max_bytes)
         yield GaugeMetricFamily("relyscope_spool_pending_records", "Spool records not yet committed", value=p.spool.pending_records)
