@@ -7,8 +7,12 @@ spooled through ``accept``, then ``_work_batch`` until everything is stored and 
 ``gc.callbacks`` timer. ``process`` includes chDB's own threads while the stage ran. The wrappers
 cost ~0.1 µs per call (a few calls per batch: negligible).
 
-Run: ``.venv/bin/python bench/bench_worker_stages.py [--requests 40] [--base DIR]`` (``--base``:
-an older checkout of the package, ``git archive <rev> relyscope | tar -x -C DIR``).
+``--workers N`` (N > 1) decodes in N processes as ``RELYSCOPE_DECODE_WORKERS`` does, with the
+process on every core; ``wall`` then shows where the worker thread waits (its ``_take`` waits for
+decoded results, the inserts for chDB) and the decode processes' CPU is reported beside it.
+
+Run: ``.venv/bin/python bench/bench_worker_stages.py [--requests 40] [--workers 1] [--base DIR]``
+(``--base``: an older checkout of the package, ``git archive <rev> relyscope | tar -x -C DIR``).
 """
 
 from __future__ import annotations
@@ -34,12 +38,32 @@ from relyscope.pipeline import Pipeline  # noqa: E402
 from relyscope.store import Store  # noqa: E402
 
 
+def _warm(fn) -> None:
+    """Warm-up task for a decode process: unpickling ``fn`` imports its modules; then hold the
+    process so the next warm-up task goes to another one."""
+    time.sleep(3.0)
+
+
+def _children_cpu(p) -> float:
+    """CPU seconds used so far by the pipeline's decode processes (utime + stime in /proc)."""
+    if p._prefetch is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in p._prefetch.pool.pids():
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / tick
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--workers", type=int, default=1, help="decode processes (1: decode in the worker thread)")
     ap.add_argument("--base", help="directory holding an older relyscope package")
     args = ap.parse_args()
-    if (os.cpu_count() or 1) > 1:
+    if (os.cpu_count() or 1) > 1 and args.workers <= 1:
         os.sched_setaffinity(0, {0})
     # relyscope before 89b555d imported pandas on its first insert (clickhouse-connect, pyarrow;
     # a one-off, not per-span cost): imported here, outside the timing, so --base times the same work
@@ -47,17 +71,19 @@ def main() -> None:
 
     thread: collections.Counter = collections.Counter()
     proc: collections.Counter = collections.Counter()
+    wall: collections.Counter = collections.Counter()
 
     def wrap(obj, name: str, label: str) -> None:
         f = getattr(obj, name)
 
         def timed(*a, **k):
-            c, pc = time.thread_time(), time.process_time()
+            c, pc, w = time.thread_time(), time.process_time(), time.perf_counter()
             try:
                 return f(*a, **k)
             finally:
                 thread[label] += time.thread_time() - c
                 proc[label] += time.process_time() - pc
+                wall[label] += time.perf_counter() - w
 
         setattr(obj, name, timed)
 
@@ -73,7 +99,7 @@ def main() -> None:
     try:
         store = Store(f"chdb://{root}/data", database="stages")
         p = Pipeline(Settings(store=store.dsn, spool_dir=str(root / "spool"), grace_period_s=0.0,
-                              score_interval_s=3600), store)
+                              score_interval_s=3600, decode_workers=args.workers), store)
         tmpl = template()
         for k in range(args.requests):
             p.accept(variant(tmpl, k), "application/x-protobuf")
@@ -84,23 +110,42 @@ def main() -> None:
                 wrap(p.store, name, name)
         wrap(p.builder, "add", "builder.add")
         wrap(p.builder, "poll", "builder.poll")
+        if args.workers > 1:  # as Pipeline.start() does, without starting its threads
+            from relyscope.decode_pool import DecodePool, OrderedPrefetch
+            from relyscope.pipeline import _MEM_MAX_BYTES, _PREFETCH_RECORDS_PER_WORKER
+            p._prefetch = OrderedPrefetch(DecodePool(p._decode_fn, args.workers),
+                                          max_records=_PREFETCH_RECORDS_PER_WORKER * args.workers,
+                                          max_bytes=_MEM_MAX_BYTES, timeout_s=60.0)
+            pool = p._prefetch.pool
+            # warm, before the timing: every process spawned and its modules imported (~1 s of CPU
+            # each: counted, it would add ~16 us/span to a 60 000-span run); a task that holds its
+            # process 3 s makes each of the N tasks land in a different process
+            for f in [pool._ex.submit(_warm, pool.fn) for _ in range(args.workers)]:
+                f.result(timeout=120)
         gc.callbacks.append(on_gc)
-        c0, p0 = time.thread_time(), time.process_time()
+        kids0 = _children_cpu(p)
+        c0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
         while not p._queue_empty():
             p._work_batch() if hasattr(p, "_work_batch") else p._work_once()
         p._finalize_all()
-        tot, ptot = time.thread_time() - c0, time.process_time() - p0
+        tot, ptot, wtot = time.thread_time() - c0, time.process_time() - p0, time.perf_counter() - w0
+        kids = _children_cpu(p) - kids0
         gc.callbacks.remove(on_gc)
         n = args.requests * SPANS
         assert store.count_spans() == n
-        print(f"{relyscope.__file__}: {n} spans; worker thread {tot / n * 1e6:.1f} us/span, process "
-              f"{ptot / n * 1e6:.1f} us/span ({n / ptot:,.0f} spans per CPU second); load avg "
+        print(f"{relyscope.__file__}: {n} spans, {args.workers} decode worker(s); {n / wtot:,.0f} spans/s "
+              f"stored (wall {wtot / n * 1e6:.1f} us/span); worker thread {tot / n * 1e6:.1f} us/span, "
+              f"process {ptot / n * 1e6:.1f} us/span ({n / ptot:,.0f} spans per CPU second); load avg "
               f"{os.getloadavg()[0]:.2f}")
-        print(f"  {'stage':24s} {'thread us/span':>14s} {'process us/span':>16s}")
+        if args.workers > 1:
+            print(f"  decode processes: {kids / n * 1e6:.1f} us/span of CPU (all {args.workers} together)")
+            p._prefetch.pool.close()
+        print(f"  {'stage':24s} {'thread us/span':>14s} {'process us/span':>16s} {'wall us/span':>13s}")
         for k, v in thread.most_common():
-            print(f"  {k:24s} {v / n * 1e6:14.1f} {proc[k] / n * 1e6:16.1f}")
+            print(f"  {k:24s} {v / n * 1e6:14.1f} {proc[k] / n * 1e6:16.1f} {wall[k] / n * 1e6:13.1f}")
         print(f"  {'cyclic GC':24s} {gc_s[0] / n * 1e6:14.1f}")
-        print(f"  {'rest of the loop':24s} {(tot - sum(thread.values())) / n * 1e6:14.1f}")
+        print(f"  {'rest of the loop':24s} {(tot - sum(thread.values())) / n * 1e6:14.1f} {'':16s} "
+              f"{(wtot - sum(wall.values())) / n * 1e6:13.1f}")
         p.spool.close()
         store.close()
     finally:

@@ -54,8 +54,9 @@ class Settings(BaseSettings):
         "is retried; the backlog a restart or a failure of at least this long left is exempt (the spool is there "
         "to absorb it). Unset: absorb any backlog up to spool_max_bytes")
     queue_max_batches: int = Field(1024, ge=1, description="in-memory queue of decoded batches in front of the worker")
-    decode_workers: int = Field(
-        1, ge=1, le=64, description="processes that decode spool records for the worker (1: in the worker thread); "
+    decode_workers: int | Literal["auto"] = Field(
+        "auto", description="processes that decode spool records for the worker (1: in the worker thread; "
+        "auto: 2 when this process may use at least 2 CPUs by its affinity and cgroup CPU quota, else 1); "
         "results are consumed in spool order, so storing, assembly and commits are unchanged")
     decode_timeout_s: float = Field(
         10.0, gt=0, description="with decode_workers > 1: the longest wait for a worker's result; past it the "
@@ -279,6 +280,20 @@ class Settings(BaseSettings):
         from relyscope.scoring.windows import parse_windows
 
         parse_windows(v)  # ValueError → a validation error naming the bad window
+        return v
+
+    @field_validator("decode_workers", mode="before")
+    @classmethod
+    def _decode_workers(cls, v):
+        if isinstance(v, str):
+            t = v.strip().lower()
+            if t == "auto":
+                return "auto"
+            if not t.isdigit():
+                raise ValueError(f"expected 'auto' or a number of decode processes from 1 to 64, got {v!r}")
+            v = int(t)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+            raise ValueError(f"expected 'auto' or a number of decode processes from 1 to 64, got {v!r}")
         return v
 
     @field_validator("otlp_grpc", "otlp_http", "api")

@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 from relyscope.memory import gc_paused
 
-__all__ = ["DecodePool", "OrderedPrefetch"]
+__all__ = ["DecodePool", "OrderedPrefetch", "usable_cpus", "resolve_workers"]
 
 log = logging.getLogger("relyscope.decode_pool")
 
@@ -56,6 +56,76 @@ _PARENT_POLL_S = 0.5
 #: the longest wait for a new pool's first process to start (spawn + imports: seconds on a loaded
 #: machine); ``OrderedPrefetch.timeout_s`` counts only once it has
 _START_TIMEOUT_S = 60.0
+
+
+#: what ``decode_workers = "auto"`` starts on a machine with at least this many usable CPUs: the
+#: worker thread's own share of a stored span (~26 us: assembly, inserts, unpickling) is about one
+#: decode process's (~28 us), so two processes decode faster than the thread stores and a third
+#: would wait (bench/README.md, bench_worker_stages.py --workers 2); more was not measured
+AUTO_WORKERS = 2
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_self_cgroup: str = "/proc/self/cgroup") -> int:
+    """CPUs this process may use: its affinity (``os.sched_getaffinity``), bounded by the CPU quota
+    of its cgroup when one is set — cgroup v2 ``cpu.max`` (``"<quota> <period>"``, or ``max``) of
+    the process's own cgroup or of the root, or cgroup v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us`` — rounded down, at least 1. A container limited to 1.5 CPUs on a
+    16-core host is 1. Unreadable or malformed cgroup files count as no quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_quota(cgroup_root, proc_self_cgroup)
+    if quota is not None:
+        n = min(n, int(quota))
+    return max(1, n)
+
+
+def _cgroup_quota(root: str, proc_self_cgroup: str) -> float | None:
+    """CPUs granted by the cgroup CPU quota (quota / period), or None when unlimited or unknown."""
+    own = ""
+    try:
+        with open(proc_self_cgroup) as f:
+            for line in f:
+                if line.startswith("0::"):
+                    own = line[3:].strip().strip("/")
+    except OSError:
+        pass
+    v2 = [os.path.join(root, own, "cpu.max")] if own else []
+    v2.append(os.path.join(root, "cpu.max"))
+    for path in v2:
+        try:
+            with open(path) as f:
+                quota, _, period = f.read().strip().partition(" ")
+        except OSError:
+            continue
+        if quota == "max":
+            return None
+        try:
+            q, per = float(quota), float(period or 100000)
+        except ValueError:
+            return None
+        return q / per if q > 0 and per > 0 else None
+    for d in ("cpu", "cpu,cpuacct"):
+        try:
+            with open(os.path.join(root, d, "cpu.cfs_quota_us")) as f:
+                q = float(f.read().strip())
+            with open(os.path.join(root, d, "cpu.cfs_period_us")) as f:
+                per = float(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        return q / per if q > 0 and per > 0 else None
+    return None
+
+
+def resolve_workers(setting: int | str, cpus: int | None = None) -> int:
+    """The number of decode processes for ``Settings.decode_workers``: an int as given; ``"auto"``
+    is :data:`AUTO_WORKERS` when ``cpus`` (default :func:`usable_cpus`) is at least 2, else 1
+    (decode in the worker thread: on one CPU a process only adds pickling)."""
+    if setting != "auto":
+        return int(setting)
+    cpus = usable_cpus() if cpus is None else cpus
+    return AUTO_WORKERS if cpus >= 2 else 1
 
 
 def _shipped(fn: Callable[[bytes], Any], payload: bytes) -> bytes:

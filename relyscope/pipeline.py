@@ -64,7 +64,7 @@ from relyscope.collector.otlp import decompress
 from relyscope.collector.records import TAG_JSON, TAG_PROTO
 from relyscope.collector.spool import HEADER_SIZE, Spool, SpoolFull
 from relyscope.config import Settings
-from relyscope.decode_pool import DecodePool, OrderedPrefetch
+from relyscope.decode_pool import DecodePool, OrderedPrefetch, resolve_workers
 from relyscope.memory import gc_paused
 from relyscope.model import CanonicalSpan, Trial
 from relyscope.scorers.policy import Policy, load_policy
@@ -180,6 +180,9 @@ class Pipeline:
         # (fast: redacted, normalized and laid out as insert columns there too)
         self._decode_fn: Callable[[bytes], DecodeResult] = setup.decode_record
         self._prefetch: OrderedPrefetch | None = None  # set by start() when decode_workers > 1
+        #: decode processes in use once started (1: the worker thread decodes; ``decode_workers``
+        #: resolved by :func:`relyscope.decode_pool.resolve_workers`)
+        self.decode_workers = 1
         self.inflight = InflightBudget(settings.max_inflight_bytes)  # shared by both receivers
         self.spool_dir = spool_dir
         self.spool = Spool(spool_dir, max_bytes=settings.spool_max_bytes,
@@ -256,12 +259,20 @@ class Pipeline:
         self.gate_results.load()  # the verdicts published before a restart (again at reads if the store is down)
         if self.spool.pending_records:
             log.info("replaying %d spooled batches", self.spool.pending_records)
-        workers = self.settings.decode_workers
+        workers = resolve_workers(self.settings.decode_workers)
         if workers > 1 and self._prefetch is None:
-            self._prefetch = OrderedPrefetch(DecodePool(self._decode_fn, workers),
-                                             max_records=_PREFETCH_RECORDS_PER_WORKER * workers,
-                                             max_bytes=_MEM_MAX_BYTES,
-                                             timeout_s=self.settings.decode_timeout_s)
+            try:
+                pool = DecodePool(self._decode_fn, workers)
+            except Exception as e:  # noqa: BLE001 - e.g. no POSIX semaphores (a /dev/shm-less container)
+                if self.settings.decode_workers != "auto":
+                    raise
+                log.warning("cannot start %d decode processes (%s); decoding in the worker thread", workers, e)
+                workers = 1
+            else:
+                self._prefetch = OrderedPrefetch(pool, max_records=_PREFETCH_RECORDS_PER_WORKER * workers,
+                                                 max_bytes=_MEM_MAX_BYTES,
+                                                 timeout_s=self.settings.decode_timeout_s)
+        self.decode_workers = workers if self._prefetch is not None else 1
         for target, name in ((self._work_loop, "relyscope-worker"), (self._score_loop, "relyscope-scorer")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()

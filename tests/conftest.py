@@ -25,6 +25,12 @@ def _find_shared() -> Path:
     raise RuntimeError("shared/ test data not found: set RELYSCOPE_SHARED")
 
 
+# The sidecar's default, RELYSCOPE_DECODE_WORKERS=auto, starts decode processes on a machine with
+# 2 CPUs; the suite starts sidecars and pipelines by the hundred, so it decodes in the worker thread
+# (the oracle path) unless a test asks for processes: test_decode_pool, test_decode_workers_auto,
+# and the durability, fast-path and quarantine tests parametrized over 1 and 2 workers.
+os.environ.setdefault("RELYSCOPE_DECODE_WORKERS", "1")
+
 SHARED = _find_shared()
 DATA = SHARED / "data"
 TAU_FILE = DATA / "tau-bench" / "gpt-4o-airline.json"

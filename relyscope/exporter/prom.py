@@ -28,6 +28,7 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_redacted_total{kind=redacted|redacted_identity}``, ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_backlog_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
+``relyscope_decode_workers``,
 ``relyscope_store_write_seconds`` (histogram),
 ``relyscope_backpressure_total{reason=spool_full|inflight_budget|backlog}``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
 ``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
@@ -167,6 +168,9 @@ class _ReliabilityCollector(Collector):
         yield CounterMetricFamily("relyscope_decode_worker_restarts", "Decode worker pool restarts: a worker "
                                   "died, or gave no result within RELYSCOPE_DECODE_TIMEOUT_S (killed; the record "
                                   "was decoded in the worker thread)", value=getattr(p, "decode_restarts", 0))
+        yield GaugeMetricFamily("relyscope_decode_workers", "Processes decoding spool records (1: the worker thread "
+                                "decodes); RELYSCOPE_DECODE_WORKERS, auto resolved from the usable CPUs",
+                                value=getattr(p, "decode_workers", 1))
         bp = CounterMetricFamily("relyscope_backpressure", "Requests refused with the retryable signal, by reason: "
                                  "spool_full (the durable spool is full), inflight_budget (the byte budget of requests "
                                  "being received is spent), backlog (storing is further behind than "
