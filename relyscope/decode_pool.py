@@ -82,18 +82,22 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_self_cgroup: str = "/p
 
 
 def _cgroup_quota(root: str, proc_self_cgroup: str) -> float | None:
-    """CPUs granted by the cgroup CPU quota (quota / period), or None when unlimited or unknown."""
-    own = ""
+    """CPUs granted by the cgroup CPU quota (quota / period), or None when unlimited or unknown.
+    The process's own cgroup (from ``/proc/self/cgroup``) is read first, then the hierarchy's root
+    (what a container sees of its own cgroup)."""
+    own_v2, own_v1 = "", ""
     try:
         with open(proc_self_cgroup) as f:
             for line in f:
-                if line.startswith("0::"):
-                    own = line[3:].strip().strip("/")
+                num, _, rest = line.strip().partition(":")
+                controllers, _, path = rest.partition(":")
+                if num == "0" and not controllers:
+                    own_v2 = path.strip("/")
+                elif "cpu" in controllers.split(","):
+                    own_v1 = path.strip("/")
     except OSError:
         pass
-    v2 = [os.path.join(root, own, "cpu.max")] if own else []
-    v2.append(os.path.join(root, "cpu.max"))
-    for path in v2:
+    for path in dict.fromkeys([os.path.join(root, own_v2, "cpu.max"), os.path.join(root, "cpu.max")]):
         try:
             with open(path) as f:
                 quota, _, period = f.read().strip().partition(" ")
@@ -106,15 +110,16 @@ def _cgroup_quota(root: str, proc_self_cgroup: str) -> float | None:
         except ValueError:
             return None
         return q / per if q > 0 and per > 0 else None
-    for d in ("cpu", "cpu,cpuacct"):
-        try:
-            with open(os.path.join(root, d, "cpu.cfs_quota_us")) as f:
-                q = float(f.read().strip())
-            with open(os.path.join(root, d, "cpu.cfs_period_us")) as f:
-                per = float(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        return q / per if q > 0 and per > 0 else None
+    for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        for base in dict.fromkeys([os.path.join(root, d, own_v1), os.path.join(root, d)]):
+            try:
+                with open(os.path.join(base, "cpu.cfs_quota_us")) as f:
+                    q = float(f.read().strip())
+                with open(os.path.join(base, "cpu.cfs_period_us")) as f:
+                    per = float(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            return q / per if q > 0 and per > 0 else None
     return None
 
 

@@ -23,32 +23,36 @@ from test_durability import (_decode_workers, _post_proto, _start, keys_of, make
 AFFINITY = len(os.sched_getaffinity(0))
 
 
-def _cgroup(tmp_path, files: dict[str, str], own: str = "") -> tuple[str, str]:
-    """A cgroup tree under tmp_path with these files, and a /proc/self/cgroup naming ``own``."""
+def _cgroup(tmp_path, files: dict[str, str], own: str = "", own_v1: str = "") -> tuple[str, str]:
+    """A cgroup tree under tmp_path with these files, and a /proc/self/cgroup naming ``own`` (v2)
+    and ``own_v1`` (the v1 cpu controller's cgroup)."""
     root = tmp_path / "cg"
     for rel, text in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
     proc = tmp_path / "proc_self_cgroup"
-    proc.write_text(f"0::/{own}\n")
+    proc.write_text(f"4:memory:/elsewhere\n2:cpu,cpuacct:/{own_v1}\n0::/{own}\n")
     root.mkdir(exist_ok=True)
     return str(root), str(proc)
 
 
-@pytest.mark.parametrize("files, own, quota_cpus", [
-    ({}, "", None),                                              # no cgroup files: affinity only
-    ({"cpu.max": "max 100000\n"}, "", None),                     # v2, unlimited
-    ({"cpu.max": "150000 100000\n"}, "", 1),                     # v2, 1.5 CPUs: rounded down to 1
-    ({"cpu.max": "50000 100000\n"}, "", 1),                      # half a CPU: still at least 1
-    ({"cpu.max": "800000 100000\n"}, "", 8),                     # 8 CPUs of quota: affinity bounds it
-    ({"pod/app/cpu.max": "100000 100000\n", "cpu.max": "max 100000\n"}, "pod/app", 1),  # own cgroup first
-    ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, "", 2),  # v1, 2 CPUs
-    ({"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, "", None),  # v1, none
-    ({"cpu.max": "lots of CPUs\n"}, "", None),                   # malformed: no quota
+@pytest.mark.parametrize("files, own, own_v1, quota_cpus", [
+    ({}, "", "", None),                                              # no cgroup files: affinity only
+    ({"cpu.max": "max 100000\n"}, "", "", None),                     # v2, unlimited
+    ({"cpu.max": "150000 100000\n"}, "", "", 1),                     # v2, 1.5 CPUs: rounded down to 1
+    ({"cpu.max": "50000 100000\n"}, "", "", 1),                      # half a CPU: still at least 1
+    ({"cpu.max": "800000 100000\n"}, "", "", 8),                     # 8 CPUs of quota: affinity bounds it
+    ({"pod/app/cpu.max": "100000 100000\n", "cpu.max": "max 100000\n"}, "pod/app", "", 1),  # own cgroup first
+    ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, "", "", 2),  # v1, 2 CPUs
+    ({"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, "", "", None),  # v1, none
+    ({"cpu.max": "lots of CPUs\n"}, "", "", None),                   # malformed: no quota
+    ({"cpu,cpuacct/kubepods/pod1/cpu.cfs_quota_us": "100000\n",                 # v1, own cgroup first
+      "cpu,cpuacct/kubepods/pod1/cpu.cfs_period_us": "100000\n",
+      "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, "", "kubepods/pod1", 1),
 ])
-def test_usable_cpus_is_the_affinity_bounded_by_the_cgroup_quota(tmp_path, files, own, quota_cpus):
-    root, proc = _cgroup(tmp_path, files, own)
+def test_usable_cpus_is_the_affinity_bounded_by_the_cgroup_quota(tmp_path, files, own, own_v1, quota_cpus):
+    root, proc = _cgroup(tmp_path, files, own, own_v1)
     want = AFFINITY if quota_cpus is None else max(1, min(AFFINITY, quota_cpus))
     assert usable_cpus(root, proc) == want
 
