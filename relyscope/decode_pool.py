@@ -144,8 +144,14 @@ def _touch(fn: Callable) -> None:
     """Warm-up task: unpickling ``fn`` imports its module in the worker; nothing is called."""
 
 
+def _init_worker(parent_pid: int, fn: Callable) -> None:
+    """Worker initializer: watch the parent (:func:`_watch_parent`); ``fn`` is unused here, but
+    unpickling it with the initializer's arguments imports its modules as the process starts."""
+    _watch_parent(parent_pid)
+
+
 def _watch_parent(parent_pid: int) -> None:
-    """Worker initializer: exit as soon as the parent is gone (its pid is no longer our parent)."""
+    """Exit as soon as the parent is gone (its pid is no longer our parent)."""
 
     def run() -> None:
         while True:
@@ -174,10 +180,14 @@ class DecodePool:
 
     def _new(self) -> ProcessPoolExecutor:
         ex = ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx,
-                                 initializer=_watch_parent, initargs=(os.getpid(),))
+                                 initializer=_init_worker, initargs=(os.getpid(), self.fn))
         #: done once a process has started and imported ``fn``'s module (a hang timeout must not
         #: count the spawn)
         self.started: Future = ex.submit(_touch, self.fn)
+        # ProcessPoolExecutor spawns a process per submit while none is idle (Python >= 3.9 with
+        # spawn): one task each starts every process now, not at the first burst of work
+        for _ in range(self.workers - 1):
+            ex.submit(_touch, self.fn)
         return ex
 
     def submit(self, payload: bytes) -> Future:

@@ -92,7 +92,16 @@ def test_a_sidecar_on_two_cpus_decodes_in_processes_by_default(tmp_path, sidecar
     want = set().union(*(keys_of(s) for s in traces))
     wait_until(lambda: want <= stored_keys(sc), 30, "spans stored")
     assert metric(sc, "relyscope_decode_workers") == 2
-    assert 1 <= len(_decode_workers(sc)) <= 2  # the pool spawns its processes as work arrives
+    assert len(_decode_workers(sc)) == 2
+
+
+@pytest.mark.skipif(AFFINITY < 2, reason="needs 2 CPUs")
+def test_auto_starts_both_decode_processes_before_any_work(tmp_path, sidecars):
+    """The gauge says 2, so 2 processes run — also on an idle sidecar (the pool used to spawn its
+    second process only once a backlog built up)."""
+    sc = _start(sidecars, tmp_path, RELYSCOPE_DECODE_WORKERS="auto")
+    assert metric(sc, "relyscope_decode_workers") == 2
+    wait_until(lambda: len(_decode_workers(sc)) == 2, 30, "2 decode processes on an idle sidecar")
 
 
 def test_a_sidecar_pinned_to_one_cpu_decodes_in_the_worker_thread(tmp_path, sidecars):
