@@ -162,6 +162,21 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=run, name="relyscope-parent-watch", daemon=True).start()
 
 
+def _release_reader(result_queue: Any) -> None:
+    """Once every process of a pool is dead: close this process's copy of the write end of the
+    pool's result pipe. A process killed while it was writing a result (results are larger than
+    the pipe buffer, so a write is not atomic) leaves the executor's manager thread blocked for
+    ever reading the rest of that message; with every write end closed its read ends (EOF), the
+    thread sees the pool broken and exits. Without this the interpreter never exits (it joins
+    that thread) and a graceful stop hangs."""
+    writer = getattr(result_queue, "_writer", None)
+    if writer is not None:
+        try:
+            writer.close()
+        except OSError:
+            pass
+
+
 class DecodePool:
     """``workers`` processes running ``fn(payload)``; ``fn`` and its results must be picklable.
 
@@ -210,6 +225,7 @@ class DecodePool:
         self._ex = self._new()
 
     def _kill(self) -> None:
+        rq = getattr(self._ex, "_result_queue", None)
         for p in list((getattr(self._ex, "_processes", None) or {}).values()):
             try:
                 p.kill()
@@ -217,11 +233,13 @@ class DecodePool:
                 pass
         for p in list((getattr(self._ex, "_processes", None) or {}).values()):
             p.join(timeout=5)
+        _release_reader(rq)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the processes: pending work cancelled, each given ``timeout_s`` to exit, then
         killed (a stopped or hung one never would: ``shutdown(wait=True)`` would block for ever)."""
         procs = list((getattr(self._ex, "_processes", None) or {}).values())
+        rq = getattr(self._ex, "_result_queue", None)  # shutdown() drops the executor's reference
         self._ex.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + timeout_s
         for p in procs:
@@ -229,6 +247,7 @@ class DecodePool:
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        _release_reader(rq)
 
     def pids(self) -> list[int]:
         """Pids of the live worker processes (tests)."""

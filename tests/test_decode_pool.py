@@ -338,3 +338,72 @@ def test_a_rewind_takes_up_the_dropped_futures_and_they_still_count_against_the_
         assert len(submitted) == 9 and pf.reused == 4
     finally:
         p.close()
+
+
+_BIG_MODULE = '''
+import os, time
+def big(payload: bytes) -> bytes:
+    """A result far larger than the pipe buffer; a marker file says it is about to be sent."""
+    out = b"x" * (200 << 20)
+    open(os.path.join(os.path.dirname(__file__), "sending-%d" % os.getpid()), "w").close()
+    return out
+'''
+
+_KILL_MID_RESULT = '''
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from bigmod import big
+from relyscope.decode_pool import DecodePool, OrderedPrefetch
+pool = DecodePool(big, 2)
+pf = OrderedPrefetch(pool, max_records=2, max_bytes=1 << 30, timeout_s=3)
+pool.started.result(60)
+def killer():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        names = [n for n in os.listdir(sys.argv[1]) if n.startswith("sending-")]
+        if names:
+            pid = int(names[0].split("-")[1])
+            while time.monotonic() < deadline:  # until it is inside write(2) (x86-64: 1, arm64: 64)
+                try:
+                    with open(f"/proc/{pid}/syscall") as f:
+                        nr = f.read().split()[0]
+                except (OSError, IndexError):
+                    nr = ""
+                if nr in ("1", "64"):
+                    break
+                time.sleep(0.001)
+            time.sleep(0.02)  # part of the message is in the pipe, the rest not
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.005)
+threading.Thread(target=killer, daemon=True).start()
+recs = {0: b"a", 1: b"b"}
+for s in (0, 1):
+    rseq, res, _ = pf.take(s, lambda q: (q, recs[q]) if q in recs else None)
+    assert rseq == s and len(res) == 200 << 20
+pf.reset(0)
+pool.close()
+print("restarts", pf.restarts, flush=True)
+'''
+
+
+def test_a_worker_killed_while_sending_its_result_leaves_no_thread_that_blocks_the_exit(tmp_path):
+    """h-breaker: kill -9 of a decode process while it wrote a large result left the executor's
+    manager thread blocked for ever reading the rest of the message (this process kept a write end
+    of the result pipe open): the records came back (decoded in the calling thread after the
+    timeout) but the interpreter, which joins that thread at exit, never exited — a sidecar's
+    SIGTERM hung. Now the script's records come back and it exits."""
+    import subprocess
+    import sys
+
+    (tmp_path / "bigmod.py").write_text(_BIG_MODULE)
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_MID_RESULT, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the process did not exit after its pool was closed: {err[-2000:]}")
+    assert proc.returncode == 0, err[-2000:]
+    assert "restarts 1" in out or "restarts 2" in out, (out, err[-2000:])
