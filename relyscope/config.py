@@ -289,7 +289,7 @@ class Settings(BaseSettings):
             t = v.strip().lower()
             if t == "auto":
                 return "auto"
-            if not t.isdigit():
+            if not (t.isascii() and t.isdigit()):  # int() also takes '٢' and '９'; '²' it refuses
                 raise ValueError(f"expected 'auto' or a number of decode processes from 1 to 64, got {v!r}")
             v = int(t)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:

@@ -39,6 +39,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -67,8 +68,8 @@ AUTO_WORKERS = 2
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_self_cgroup: str = "/proc/self/cgroup") -> int:
     """CPUs this process may use: its affinity (``os.sched_getaffinity``), bounded by the CPU quota
-    of its cgroup when one is set — cgroup v2 ``cpu.max`` (``"<quota> <period>"``, or ``max``) of
-    the process's own cgroup or of the root, or cgroup v1 ``cpu.cfs_quota_us`` /
+    of its cgroup or of any ancestor when one is set (the lowest) — cgroup v2 ``cpu.max``
+    (``"<quota> <period>"``, or ``max``), or cgroup v1 ``cpu.cfs_quota_us`` /
     ``cpu.cfs_period_us`` — rounded down, at least 1. A container limited to 1.5 CPUs on a
     16-core host is 1. Unreadable or malformed cgroup files count as no quota."""
     try:
@@ -82,9 +83,9 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_self_cgroup: str = "/p
 
 
 def _cgroup_quota(root: str, proc_self_cgroup: str) -> float | None:
-    """CPUs granted by the cgroup CPU quota (quota / period), or None when unlimited or unknown.
-    The process's own cgroup (from ``/proc/self/cgroup``) is read first, then the hierarchy's root
-    (what a container sees of its own cgroup)."""
+    """CPUs granted by the cgroup CPU quota (quota / period), or None when unlimited or unknown:
+    the lowest quota of the process's own cgroup (from ``/proc/self/cgroup``) and each of its
+    ancestors up to the hierarchy's root (a parent's limit binds its children), v2 and v1."""
     own_v2, own_v1 = "", ""
     try:
         with open(proc_self_cgroup) as f:
@@ -97,30 +98,34 @@ def _cgroup_quota(root: str, proc_self_cgroup: str) -> float | None:
                     own_v1 = path.strip("/")
     except OSError:
         pass
-    for path in dict.fromkeys([os.path.join(root, own_v2, "cpu.max"), os.path.join(root, "cpu.max")]):
+    found: list[float] = []
+    for rel in _ancestors(own_v2):
         try:
-            with open(path) as f:
+            with open(os.path.join(root, rel, "cpu.max")) as f:
                 quota, _, period = f.read().strip().partition(" ")
-        except OSError:
+            q, per = float(quota), float(period or 100000)  # "max": ValueError, no quota here
+        except (OSError, ValueError):
             continue
-        if quota == "max":
-            return None
-        try:
-            q, per = float(quota), float(period or 100000)
-        except ValueError:
-            return None
-        return q / per if q > 0 and per > 0 else None
+        if q > 0 and per > 0:
+            found.append(q / per)
     for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
-        for base in dict.fromkeys([os.path.join(root, d, own_v1), os.path.join(root, d)]):
+        for rel in _ancestors(own_v1):
             try:
-                with open(os.path.join(base, "cpu.cfs_quota_us")) as f:
+                with open(os.path.join(root, d, rel, "cpu.cfs_quota_us")) as f:
                     q = float(f.read().strip())
-                with open(os.path.join(base, "cpu.cfs_period_us")) as f:
+                with open(os.path.join(root, d, rel, "cpu.cfs_period_us")) as f:
                     per = float(f.read().strip())
             except (OSError, ValueError):
                 continue
-            return q / per if q > 0 and per > 0 else None
-    return None
+            if q > 0 and per > 0:
+                found.append(q / per)
+    return min(found) if found else None
+
+
+def _ancestors(path: str) -> list[str]:
+    """A cgroup path and each of its parents up to the root (``""``): ``a/b`` → ``a/b``, ``a``, ``""``."""
+    parts = [p for p in path.split("/") if p]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def resolve_workers(setting: int | str, cpus: int | None = None) -> int:
@@ -146,7 +151,12 @@ def _touch(fn: Callable) -> None:
 
 def _init_worker(parent_pid: int, fn: Callable) -> None:
     """Worker initializer: watch the parent (:func:`_watch_parent`); ``fn`` is unused here, but
-    unpickling it with the initializer's arguments imports its modules as the process starts."""
+    unpickling it with the initializer's arguments imports its modules as the process starts.
+    SIGINT and SIGTERM are ignored: a Ctrl-C or a stop sent to the whole process group (systemd's
+    control-group kill, dumb-init) is the sidecar's to handle; it closes the pool as it drains,
+    and a decode process exits on its own once the sidecar is gone."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     _watch_parent(parent_pid)
 
 

@@ -407,3 +407,26 @@ def test_a_worker_killed_while_sending_its_result_leaves_no_thread_that_blocks_t
         pytest.fail(f"the process did not exit after its pool was closed: {err[-2000:]}")
     assert proc.returncode == 0, err[-2000:]
     assert "restarts 1" in out or "restarts 2" in out, (out, err[-2000:])
+
+
+def test_workers_ignore_a_ctrl_c_or_stop_sent_to_the_whole_process_group():
+    """h-breaker: SIGINT / SIGTERM to the process group (Ctrl-C, systemd's control-group kill)
+    reached the decode processes too: tracebacks, "a decode worker died", a pool restart during
+    the sidecar's own drain. They are the sidecar's to handle: the processes ignore them."""
+    p = DecodePool(functools.partial(decode_spool_record, limits=LIMITS), 2)
+    try:
+        p.started.result(timeout=120)
+        deadline = time.monotonic() + 30
+        while len(p.pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = p.pids()
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, signal.SIGINT)
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(1.0)
+        assert all(_alive(pid) for pid in pids)
+        rec = RECORDS[0]
+        assert DecodePool.unpack(p.submit(rec).result(timeout=60)) == _in_thread(rec)
+    finally:
+        p.close()

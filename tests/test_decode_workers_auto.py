@@ -50,6 +50,13 @@ def _cgroup(tmp_path, files: dict[str, str], own: str = "", own_v1: str = "") ->
     ({"cpu,cpuacct/kubepods/pod1/cpu.cfs_quota_us": "100000\n",                 # v1, own cgroup first
       "cpu,cpuacct/kubepods/pod1/cpu.cfs_period_us": "100000\n",
       "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, "", "kubepods/pod1", 1),
+    # h-breaker: a parent's limit binds its children (own cgroup unlimited, a parent at 1 CPU)
+    ({"app.slice/svc/cpu.max": "max 100000\n", "app.slice/cpu.max": "100000 100000\n"}, "app.slice/svc", "", 1),
+    ({"init.scope/cpu.max": "max 100000\n", "cpu.max": "100000 100000\n"}, "init.scope", "", 1),
+    ({"cpu,cpuacct/system.slice/cpu.cfs_quota_us": "100000\n",
+      "cpu,cpuacct/system.slice/cpu.cfs_period_us": "100000\n",
+      "cpu,cpuacct/system.slice/svc.service/cpu.cfs_quota_us": "-1\n",
+      "cpu,cpuacct/system.slice/svc.service/cpu.cfs_period_us": "100000\n"}, "", "system.slice/svc.service", 1),
 ])
 def test_usable_cpus_is_the_affinity_bounded_by_the_cgroup_quota(tmp_path, files, own, own_v1, quota_cpus):
     root, proc = _cgroup(tmp_path, files, own, own_v1)
@@ -72,7 +79,7 @@ def test_the_setting_defaults_to_auto_and_says_what_to_change(monkeypatch, tmp_p
     for raw, want in (("auto", "auto"), (" AUTO ", "auto"), ("3", 3), ("64", 64)):
         monkeypatch.setenv("RELYSCOPE_DECODE_WORKERS", raw)
         assert Settings().decode_workers == want, raw
-    for raw in ("0", "-1", "65", "two", "", "1.5"):
+    for raw in ("0", "-1", "65", "two", "", "1.5", "٢", "９", "²"):  # int() takes the first two
         monkeypatch.setenv("RELYSCOPE_DECODE_WORKERS", raw)
         with pytest.raises(ValidationError) as err:
             Settings()
