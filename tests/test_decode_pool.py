@@ -421,6 +421,14 @@ def test_workers_ignore_a_ctrl_c_or_stop_sent_to_the_whole_process_group():
             time.sleep(0.05)
         pids = p.pids()
         assert len(pids) == 2
+
+        def initialized(pid: int) -> bool:  # the initializer ran: SIGINT and SIGTERM in SigIgn
+            with open(f"/proc/{pid}/status") as f:
+                mask = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+            return mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1))
+
+        while not all(initialized(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for pid in pids:
             os.kill(pid, signal.SIGINT)
             os.kill(pid, signal.SIGTERM)
