@@ -38,20 +38,24 @@ from relyscope.pipeline import Pipeline  # noqa: E402
 from relyscope.store import Store  # noqa: E402
 
 
+def _stat_cpu(path: str) -> tuple[str, float]:
+    """(name, CPU seconds: utime + stime) of a ``/proc/.../stat`` file (fields 2, 14 and 15)."""
+    with open(path) as f:
+        raw = f.read()
+    fields = raw.rsplit(")", 1)[1].split()
+    return raw[raw.index("(") + 1:raw.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _threads_cpu() -> collections.Counter:
     """CPU seconds so far of this process's threads by name (``/proc/self/task/*/stat``: chDB names
     its threads — MergeMutate, ThreadPool, …; Python's are ``python`` unless named)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: collections.Counter = collections.Counter()
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                raw = f.read()
+            name, cpu = _stat_cpu(f"/proc/self/task/{tid}/stat")
         except OSError:
             continue
-        name = raw[raw.index("(") + 1:raw.rindex(")")]
-        fields = raw.rsplit(")", 1)[1].split()
-        out["main thread" if int(tid) == os.getpid() else name] += (int(fields[11]) + int(fields[12])) / tick
+        out["main thread" if int(tid) == os.getpid() else name] += cpu
     return out
 
 
@@ -65,13 +69,7 @@ def _children_cpu(p) -> float:
     """CPU seconds used so far by the pipeline's decode processes (utime + stime in /proc)."""
     if p._prefetch is None:
         return 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in p._prefetch.pool.pids():
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return total / tick
+    return sum(_stat_cpu(f"/proc/{pid}/stat")[1] for pid in p._prefetch.pool.pids())
 
 
 def main() -> None:
@@ -116,7 +114,8 @@ def main() -> None:
     try:
         store = Store(f"chdb://{root}/data", database="stages")
         p = Pipeline(Settings(store=store.dsn, spool_dir=str(root / "spool"), grace_period_s=0.0,
-                              score_interval_s=3600, decode_workers=args.workers), store)
+                              score_interval_s=3600, decode_workers=args.workers,
+                              decode_timeout_s=60.0), store)
         tmpl = template()
         for k in range(args.requests):
             p.accept(variant(tmpl, k), "application/x-protobuf")
@@ -128,11 +127,7 @@ def main() -> None:
         wrap(p.builder, "add", "builder.add")
         wrap(p.builder, "poll", "builder.poll")
         if args.workers > 1:  # as Pipeline.start() does, without starting its threads
-            from relyscope.decode_pool import DecodePool, OrderedPrefetch
-            from relyscope.pipeline import _MEM_MAX_BYTES, _PREFETCH_RECORDS_PER_WORKER
-            p._prefetch = OrderedPrefetch(DecodePool(p._decode_fn, args.workers),
-                                          max_records=_PREFETCH_RECORDS_PER_WORKER * args.workers,
-                                          max_bytes=_MEM_MAX_BYTES, timeout_s=60.0)
+            p._start_decoding()
             pool = p._prefetch.pool
             # warm, before the timing: every process spawned and its modules imported (~1 s of CPU
             # each: counted, it would add ~16 us/span to a 60 000-span run); a task that holds its

@@ -285,16 +285,16 @@ class Settings(BaseSettings):
     @field_validator("decode_workers", mode="before")
     @classmethod
     def _decode_workers(cls, v):
+        n = v
         if isinstance(v, str):
             t = v.strip().lower()
             if t == "auto":
                 return "auto"
-            if not (t.isascii() and t.isdigit()):  # int() also takes '٢' and '９'; '²' it refuses
-                raise ValueError(f"expected 'auto' or a number of decode processes from 1 to 64, got {v!r}")
-            v = int(t)
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+            # int() also takes '٢' and '９'
+            n = int(t) if t.isascii() and t.isdigit() else None
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
             raise ValueError(f"expected 'auto' or a number of decode processes from 1 to 64, got {v!r}")
-        return v
+        return n
 
     @field_validator("otlp_grpc", "otlp_http", "api")
     @classmethod

@@ -98,28 +98,34 @@ def _cgroup_quota(root: str, proc_self_cgroup: str) -> float | None:
                     own_v1 = path.strip("/")
     except OSError:
         pass
-    found: list[float] = []
-    for rel in _ancestors(own_v2):
-        try:
-            with open(os.path.join(root, rel, "cpu.max")) as f:
-                quota, _, period = f.read().strip().partition(" ")
-            q, per = float(quota), float(period or 100000)  # "max": ValueError, no quota here
-        except (OSError, ValueError):
-            continue
-        if q > 0 and per > 0:
-            found.append(q / per)
-    for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+    found: list[float | None] = []
+    for rel in _ancestors(own_v2):  # v2: "<quota> <period>" or "max <period>"
+        quota, _, period = (_read(os.path.join(root, rel, "cpu.max")) or "").partition(" ")
+        found.append(_ratio(quota, period or "100000"))
+    for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):  # v1: quota (-1: none) and period apart
         for rel in _ancestors(own_v1):
-            try:
-                with open(os.path.join(root, d, rel, "cpu.cfs_quota_us")) as f:
-                    q = float(f.read().strip())
-                with open(os.path.join(root, d, rel, "cpu.cfs_period_us")) as f:
-                    per = float(f.read().strip())
-            except (OSError, ValueError):
-                continue
-            if q > 0 and per > 0:
-                found.append(q / per)
-    return min(found) if found else None
+            base = os.path.join(root, d, rel)
+            found.append(_ratio(_read(os.path.join(base, "cpu.cfs_quota_us")),
+                                _read(os.path.join(base, "cpu.cfs_period_us"))))
+    quotas = [q for q in found if q is not None]
+    return min(quotas) if quotas else None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _ratio(quota: str | None, period: str | None) -> float | None:
+    """quota / period in CPUs; None for no quota (``max``, -1) or an unreadable or malformed one."""
+    try:
+        q, per = float(quota), float(period)
+    except (TypeError, ValueError):
+        return None
+    return q / per if q > 0 and per > 0 else None
 
 
 def _ancestors(path: str) -> list[str]:

@@ -259,25 +259,31 @@ class Pipeline:
         self.gate_results.load()  # the verdicts published before a restart (again at reads if the store is down)
         if self.spool.pending_records:
             log.info("replaying %d spooled batches", self.spool.pending_records)
-        workers = resolve_workers(self.settings.decode_workers)
-        if workers > 1 and self._prefetch is None:
-            try:
-                pool = DecodePool(self._decode_fn, workers)
-            except Exception as e:  # noqa: BLE001 - e.g. no POSIX semaphores (a /dev/shm-less container)
-                if self.settings.decode_workers != "auto":
-                    raise
-                log.warning("cannot start %d decode processes (%s); decoding in the worker thread", workers, e)
-                workers = 1
-            else:
-                self._prefetch = OrderedPrefetch(pool, max_records=_PREFETCH_RECORDS_PER_WORKER * workers,
-                                                 max_bytes=_MEM_MAX_BYTES,
-                                                 timeout_s=self.settings.decode_timeout_s)
-        self.decode_workers = workers if self._prefetch is not None else 1
+        self._start_decoding()
         for target, name in ((self._work_loop, "relyscope-worker"), (self._score_loop, "relyscope-scorer")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
         self.ready = True
+
+    def _start_decoding(self) -> None:
+        """Start the decode processes ``decode_workers`` resolves to (none for 1); sets
+        :attr:`decode_workers`. With ``auto``, a pool that cannot start (no POSIX semaphores: a
+        container without /dev/shm) leaves the decode in the worker thread, with a warning; an
+        explicit number raises instead."""
+        workers = resolve_workers(self.settings.decode_workers)
+        if workers > 1 and self._prefetch is None:
+            try:
+                pool = DecodePool(self._decode_fn, workers)
+            except Exception as e:  # noqa: BLE001 - e.g. no POSIX semaphores
+                if self.settings.decode_workers != "auto":
+                    raise
+                log.warning("cannot start %d decode processes (%s); decoding in the worker thread", workers, e)
+            else:
+                self._prefetch = OrderedPrefetch(pool, max_records=_PREFETCH_RECORDS_PER_WORKER * workers,
+                                                 max_bytes=_MEM_MAX_BYTES,
+                                                 timeout_s=self.settings.decode_timeout_s)
+        self.decode_workers = self._prefetch.pool.workers if self._prefetch is not None else 1
 
     def drain(self, timeout_s: float, *, quiet_s: float = 1.0) -> bool:
         """First half of a graceful stop, while the receivers still answer: readiness turns to
