@@ -281,7 +281,7 @@ def test_shipped_rules_load_and_evaluate_on_live_data(scraped):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len(rules) == 21
+    assert len(rules) == 22  # relyscope-rules.yml: 6 recording rules + 16 alerts
     assert {r["name"]: r["health"] for r in rules if r["health"] != "ok"} == {}
     # the floors recording rule is evaluated by the server: 4 floors, pass^1's is 0.5
     floors = prom.wait_for("relyscope:score_floor", 4)

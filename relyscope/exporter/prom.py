@@ -30,6 +30,8 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
 ``relyscope_decode_workers``,
 ``relyscope_store_write_seconds`` (histogram),
+``relyscope_score_cycles_total``, ``relyscope_score_cycles_deferred_total``,
+``relyscope_score_cycle_seconds`` (histogram), ``relyscope_scores_age_seconds``,
 ``relyscope_backpressure_total{reason=spool_full|inflight_budget|backlog}``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
 ``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
 ``relyscope_open_traces_bytes``, ``relyscope_open_traces_finalized_early_total``,
@@ -55,9 +57,10 @@ __all__ = ["build_registry"]
 
 
 class _ReliabilityCollector(Collector):
-    def __init__(self, pipeline: "Pipeline", write_hist: Histogram):
+    def __init__(self, pipeline: "Pipeline", write_hist: Histogram, cycle_hist: Histogram):
         self.p = pipeline
         self.hist = write_hist
+        self.cycle_hist = cycle_hist
 
     def collect(self):
         p = self.p
@@ -207,14 +210,42 @@ class _ReliabilityCollector(Collector):
         q = s.store_write_seconds
         for _ in range(len(q)):  # popleft is atomic: samples appended meanwhile are kept
             self.hist.observe(q.popleft())
+        # exposed here, after the drain: registered on the registry itself, a histogram was
+        # collected before this drain and showed each sample one scrape late
+        yield from self.hist.collect()
+        yield from self._scoring_metrics(p.scoring)
+
+    def _scoring_metrics(self, sc):
+        """How fresh the reliability gauges are: cycles done and postponed, their duration, the
+        age of the published scores (absent before the first cycle: unknown, not 0)."""
+        yield CounterMetricFamily("relyscope_score_cycles", "Scoring cycles completed (each publishes the "
+                                  "reliability gauges)", value=sc.cycles_done)
+        yield CounterMetricFamily("relyscope_score_cycles_deferred", "Scoring cycles postponed because the worker "
+                                  "had a backlog of full batches (at most 5 in a row: scores lag by at most 6 "
+                                  "score intervals)", value=sc.deferred_cycles)
+        age = GaugeMetricFamily("relyscope_scores_age_seconds", "Seconds since the last scoring cycle completed: "
+                                "how old the relyscope_score gauges are (absent before the first cycle)")
+        if sc.last_cycle_end is not None:
+            age.add_metric([], max(0.0, time.time() - sc.last_cycle_end))
+        yield age
+        q = sc.cycle_seconds
+        for _ in range(len(q)):
+            self.cycle_hist.observe(q.popleft())
+        yield from self.cycle_hist.collect()
 
 
 def build_registry(pipeline: "Pipeline") -> CollectorRegistry:
-    """A private registry with the reliability collector and the write-latency histogram."""
+    """A private registry with the reliability collector, the write-latency and the scoring-cycle
+    histograms."""
     reg = CollectorRegistry(auto_describe=False)
-    hist = Histogram("relyscope_store_write_seconds", "ClickHouse write latency (seconds)", registry=reg,
+    # the histograms are exposed by the collector (after it drains the samples into them), not
+    # registered on their own
+    hist = Histogram("relyscope_store_write_seconds", "ClickHouse write latency (seconds)", registry=None,
                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-    reg.register(_ReliabilityCollector(pipeline, hist))
+    cycle = Histogram("relyscope_score_cycle_seconds", "Duration of a scoring cycle (seconds): load, grade "
+                      "and score what changed, publish", registry=None,
+                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+    reg.register(_ReliabilityCollector(pipeline, hist, cycle))
     from relyscope.exporter.shadow_prom import ShadowCollector
 
     reg.register(ShadowCollector(pipeline))

@@ -87,6 +87,12 @@ class ScoreStage:
         #: scoring cycles completed (0 until the first one after a start, which loads every
         #: window: a report before it is empty although trials are stored)
         self.cycles_done = 0
+        #: wall seconds of each completed cycle, oldest first (drained into the
+        #: ``relyscope_score_cycle_seconds`` histogram at scrape; bounded, the oldest are dropped)
+        self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=4096)
+        #: ``time.time()`` when the last cycle completed and published its scores (None before
+        #: the first): ``relyscope_scores_age_seconds`` is the time since
+        self.last_cycle_end: float | None = None
         self.store = store
         self.policy = policy
         self._stop = stop or threading.Event()
@@ -407,12 +413,15 @@ class ScoreStage:
         publish in the wrong order, the older snapshot of the trials overwriting the newer."""
         with self._rescore_lock:
             self._between_cycles.clear()
+            started = time.monotonic()
             try:
                 if self.settings.incremental_scoring:
                     out = self._rescore_incremental(all_groups)
                 else:
                     out = self._rescore(all_groups)
                 self.cycles_done += 1
+                self.cycle_seconds.append(time.monotonic() - started)
+                self.last_cycle_end = time.time()
                 # what the cycles keep (windows, samples) leaves the collector's full scans
                 memory.settle_gc_if_due(self.settings.gc_freeze_interval_s)
                 return out
