@@ -26,7 +26,7 @@ lag; a run whose stored rate falls behind the offered one says so (its lags then
 run's length instead of staying bounded).
 
 Run: ``.venv/bin/python bench/bench_freshness_load.py [--rates 4000,8000,12000] [--cores 1,2]
-[--seconds 30] [--drain 60] [--conns 4] [--grace 5] [--interval 10] [--max-backlog S]``
+[--seconds 30] [--drain 60] [--conns 4] [--grace 5] [--interval 10] [--max-backlog S] [--env K=V]``
 (about 1.5 minutes per rate and core count).
 """
 
@@ -152,6 +152,7 @@ def run_rate(root: Path, tmpl: bytes, rate: float, cores: int, args) -> dict:
            "RELYSCOPE_N_BOOT": "2000", "RELYSCOPE_DECODE_WORKERS": "auto"}
     if args.max_backlog:
         env["RELYSCOPE_MAX_BACKLOG_S"] = str(args.max_backlog)
+    env.update(kv.split("=", 1) for kv in args.env)
     sc = Sidecar(root / f"r{cores}-{int(rate)}", env, all_cores=cores > 1)
     try:
         workers = int(sc.metric("relyscope_decode_workers"))
@@ -170,8 +171,15 @@ def run_rate(root: Path, tmpl: bytes, rate: float, cores: int, args) -> dict:
             time.sleep(0.25)
         time.sleep(2 * args.poll)
         scraper.stop()
+        text = httpx.get(sc.api + "/metrics", timeout=60).text
     finally:
         sc.stop()
+    sm = {}
+    for line in text.splitlines():
+        for name in ("relyscope_score_cycles_total", "relyscope_score_cycles_deferred_total",
+                     "relyscope_score_cycle_seconds_sum", "relyscope_score_cycle_seconds_count"):
+            if line.startswith(name + " "):
+                sm[name] = float(line.split()[1])
     acks, stored, trial, shown = [], [], [], []
     miss = [0, 0, 0]
     cum_s = cum_t = 0
@@ -197,7 +205,8 @@ def run_rate(root: Path, tmpl: bytes, rate: float, cores: int, args) -> dict:
     print(f"-- offered {rate:,.0f} spans/s ({rate / SPANS * TRACES:,.0f} trials/s) for {args.seconds:g} s, sidecar on "
           f"{'both cores' if cores > 1 else 'core 0'} ({workers} decode process{'es' if workers > 1 else ''}"
           f"{'' if workers > 1 else ' = in-thread'}), grace {args.grace:g} s, score interval {args.interval:g} s"
-          + (f", max backlog {args.max_backlog:g} s" if args.max_backlog else ""))
+          + (f", max backlog {args.max_backlog:g} s" if args.max_backlog else "")
+          + "".join(f", {kv}" for kv in args.env))
     # kept up: the spans-stored lag of the last quarter of the requests is not above the first's
     q = max(1, len(stored) // 4)
     growth = statistics.median(stored[-q:]) - statistics.median(stored[:q]) if stored else float("nan")
@@ -206,6 +215,12 @@ def run_rate(root: Path, tmpl: bytes, rate: float, cores: int, args) -> dict:
           f"during the load {res['stored_during']:,.0f} spans/s; stored in all {last[1]} of {want_spans}; "
           f"spans-stored lag, last quarter − first quarter of the requests: {growth:+.2f} s"
           + ("  — FELL BEHIND: the lags grow with the run" if growth > 1.0 else ""))
+    cycles, cyc_s = sm.get("relyscope_score_cycle_seconds_count", 0), sm.get("relyscope_score_cycle_seconds_sum", 0)
+    n_trials = len(acked) * TRACES
+    print(f"  scorer: {cycles:.0f} cycles ({sm.get('relyscope_score_cycles_deferred_total', 0):.0f} postponed), "
+          f"{cyc_s:.1f} s in cycles, mean {cyc_s / max(cycles, 1):.2f} s; {cyc_s / max(n_trials, 1) * 1e3:.3f} ms "
+          f"per trial ({cyc_s / max(want_spans, 1) * 1e6:.1f} us per span; wall, the GIL and core shared)")
+    res.update(cycles=cycles, cycle_s=cyc_s)
     print(_summary("span end → acknowledged", acks, 0))
     print(_summary("span end → spans stored", stored, miss[0]))
     print(_summary("span end → trial stored", trial, miss[1]))
@@ -225,7 +240,11 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=10.0, help="RELYSCOPE_SCORE_INTERVAL_S (product default 10)")
     ap.add_argument("--poll", type=float, default=0.25, help="seconds between scrapes of /metrics")
     ap.add_argument("--max-backlog", type=float, default=0.0, help="RELYSCOPE_MAX_BACKLOG_S (default unset)")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="extra sidecar environment, e.g. RELYSCOPE_SCORE_MAX_DEFER=0 (repeatable)")
     args = ap.parse_args()
+    if any("=" not in kv for kv in args.env):
+        ap.error("--env takes K=V, e.g. --env RELYSCOPE_SCORE_MAX_DEFER=0")
     try:
         rates = [float(r) for r in args.rates.split(",") if r]
         cores = [int(c) for c in args.cores.split(",") if c]

@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")
     root_timeout_s: float = Field(300.0, gt=0, description="finalize a trace with no root as incomplete after this idle time")
     score_interval_s: float = Field(10.0, gt=0, description="how often group scores and gauges are recomputed")
+    score_max_defer: int = Field(
+        5, ge=0, le=1000, description="scoring cycles a backlogged worker may postpone in a row (its last insert "
+        "batch was full and more spool records wait): gauges then lag by at most (this + 1) score intervals; "
+        "0 = never postpone (fresher gauges, less CPU for draining a burst on a shared core)")
     score_window_s: float | None = Field(
         None, gt=0, description="rolling window of the live scores: trials that ended in the last N seconds "
         "(offline imports always count); None = all stored trials")

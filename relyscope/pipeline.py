@@ -241,7 +241,7 @@ class Pipeline:
         self._backlogged = False
         self.scoring = ScoreStage(settings, store, self.policy, stop=self._stop,
                                   store_error=lambda e: setattr(self, "_last_error", str(e)),
-                                  busy=lambda: self._backlogged)
+                                  busy=lambda: self._backlogged, max_defer=settings.score_max_defer)
         # shadow replays and release gates (relyscope.shadow): the stage is attached by the sidecar
         from relyscope.scorers.gate import default_gate_policy, load_gate_policy
 

@@ -84,3 +84,33 @@ def test_pipeline_is_backlogged_only_while_full_batches_wait(tmp_path):
     finally:
         p.spool.close()
         store.close()
+
+
+def test_max_defer_zero_never_postpones():
+    s = _Counting(12, busy=lambda: True, max_defer=0)
+    s.run()
+    assert (s.cycles, s.deferred_cycles) == (13, 0)
+
+
+def test_the_pipeline_takes_max_defer_from_the_settings(tmp_path, monkeypatch):
+    import pytest
+    from pydantic import ValidationError
+
+    store = Store(f"chdb://{tmp_path}/data", database="yield2")
+    try:
+        for env, want in (("0", 0), ("12", 12), (None, 5)):
+            if env is None:
+                monkeypatch.delenv("RELYSCOPE_SCORE_MAX_DEFER", raising=False)
+            else:
+                monkeypatch.setenv("RELYSCOPE_SCORE_MAX_DEFER", env)
+            p = Pipeline(Settings(store=store.dsn, spool_dir=str(tmp_path / f"spool{env}")), store)
+            try:
+                assert p.scoring.max_defer == want
+            finally:
+                p.spool.close()
+        for bad in ("-1", "two", "1001"):
+            monkeypatch.setenv("RELYSCOPE_SCORE_MAX_DEFER", bad)
+            with pytest.raises(ValidationError, match="score_max_defer"):
+                Settings()
+    finally:
+        store.close()

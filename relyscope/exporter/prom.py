@@ -221,8 +221,8 @@ class _ReliabilityCollector(Collector):
         yield CounterMetricFamily("relyscope_score_cycles", "Scoring cycles completed (each publishes the "
                                   "reliability gauges)", value=sc.cycles_done)
         yield CounterMetricFamily("relyscope_score_cycles_deferred", "Scoring cycles postponed because the worker "
-                                  "had a backlog of full batches (at most 5 in a row: scores lag by at most 6 "
-                                  "score intervals)", value=sc.deferred_cycles)
+                                  "had a backlog of full batches (at most RELYSCOPE_SCORE_MAX_DEFER, default 5, in a "
+                                  "row)", value=sc.deferred_cycles)
         age = GaugeMetricFamily("relyscope_scores_age_seconds", "Seconds since the last scoring cycle completed: "
                                 "how old the relyscope_score gauges are (absent before the first cycle)")
         if sc.last_cycle_end is not None:
