@@ -34,6 +34,7 @@ def test_demo_ends_with_the_next_steps(tmp_path):
     assert "relyscope serve " in tail and "Ctrl-C" in tail
     assert f"serve --store chdb://{tmp_path.resolve()}/.relyscope/demo/data" in tail
     assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317" in tail
+    assert "relyscope demo-agent" in tail
     assert "First ten minutes with your framework" in tail and "/docs" in tail
     # the hinted report of the demo's store works once the demo's sidecar is gone (it said
     # `relyscope report`, which then found no sidecar and no store and exited 1)

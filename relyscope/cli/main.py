@@ -649,6 +649,94 @@ def demo(
     print(demo_next_steps(data_dir), file=sys.stderr)  # plain: never wrapped or styled
 
 
+@app.command("demo-agent")
+def demo_agent(
+    endpoint: str = typer.Option("http://127.0.0.1:4317", help="OTLP endpoint of a running sidecar (or of a "
+                                 "collector in front of one)"),
+    protocol: str = typer.Option("grpc", help="grpc | http/protobuf (then e.g. --endpoint http://127.0.0.1:4318)"),
+    tasks: int = typer.Option(24, min=1, help="tasks of the simulated agent"),
+    trials: int = typer.Option(5, min=1, help="trials per task"),
+    seed: int = typer.Option(7),
+    version: str = typer.Option("1.0.0", help="agent version the runs carry"),
+    token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN",
+                                        help="bearer token, when the sidecar sets RELYSCOPE_AUTH_TOKEN"),
+) -> None:
+    """Run the demo's simulated agent against a sidecar that is already running (`relyscope serve`):
+    tasks × trials runs sent over OTLP, then how many spans it acknowledged. Exit 1 when nothing
+    listens at the endpoint or a batch was not acknowledged."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from relyscope.demo.agent import SeededIdGenerator, run_demo
+    from relyscope.instrumentation._configure import PROTOCOLS, otlp_exporter
+
+    if protocol not in PROTOCOLS:
+        err.print(f"[red]--protocol must be one of {', '.join(PROTOCOLS)}[/red] (got {protocol!r})")
+        raise typer.Exit(2)
+    try:
+        parts = urlsplit(endpoint if "//" in endpoint else "//" + endpoint)
+        port = parts.port or (4317 if protocol == "grpc" else 4318)
+        host = parts.hostname or "127.0.0.1"
+    except ValueError:
+        err.print(f"[red]--endpoint {endpoint!r} is not a URL[/red] such as http://127.0.0.1:4317")
+        raise typer.Exit(2) from None
+    try:  # fail fast: the SDK's exporter would retry each batch for ~10 s and only log
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as e:
+        err.print(f"[red]nothing listens at {endpoint}[/red] ({e}); start a sidecar with `relyscope serve` "
+                  "(OTLP gRPC :4317, HTTP :4318) or pass --endpoint")
+        raise typer.Exit(1) from None
+    exporter = _CountingExporter(otlp_exporter(endpoint, protocol,
+                                               {"authorization": f"Bearer {token}"} if token else None))
+    tp = _provider_with(exporter, "support-agent", version)
+    tp.id_generator = SeededIdGenerator(seed)
+    with _progress() as prog:
+        bar = prog.add_task(f"simulated agent → {endpoint}", total=tasks * trials)
+        summary = run_demo(tp, tasks=tasks, trials=trials, seed=seed, version=version,
+                           on_run=lambda done: prog.update(bar, completed=done))
+    tp.force_flush()
+    tp.shutdown()
+    err.print(f"simulated agent: {summary['runs']} runs, {summary['successes']} successes; "
+              f"{exporter.ok} spans acknowledged by {endpoint}, {exporter.failed} not")
+    if exporter.failed:
+        err.print("[red]some batches were not acknowledged[/red]: see the exporter's messages above (a wrong "
+                  "--protocol for that port, a missing or wrong --token, the sidecar's backpressure)")
+        raise typer.Exit(1)
+    err.print("scores appear after the grace period and the next scoring cycle (RELYSCOPE_GRACE_PERIOD_S 5 s, "
+              "RELYSCOPE_SCORE_INTERVAL_S 10 s): `relyscope report`, or /metrics of the sidecar")
+
+
+class _CountingExporter:
+    """A span exporter that counts the spans its inner OTLP exporter got acknowledged or not."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.ok = 0
+        self.failed = 0
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        res = self.inner.export(spans)
+        if res == SpanExportResult.SUCCESS:
+            self.ok += len(spans)
+        else:
+            self.failed += len(spans)
+        return res
+
+    def shutdown(self):
+        return self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def _provider_with(exporter, service_name: str, version: str):
+    from relyscope.instrumentation import configure
+
+    return configure(exporter=exporter, service_name=service_name, service_version=version)
+
+
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"
 
 
@@ -670,6 +758,7 @@ def demo_next_steps(data_dir: Path) -> str:
         "                            embedded store ./.relyscope/data; Ctrl-C stops it, data is kept)",
         f"  browse the demo's data:   {rs} serve --store {store} --policy {policy}",
         "                            (with the demo's safety policy, so gates and S_* read as in the demo)",
+        f"  send it the demo's agent: {rs} demo-agent       (while `serve` runs, in another shell)",
         "  point your agent at it:   OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 "
         "(README: \"Point an already-instrumented agent at it\")",
         "  give runs a task and an outcome: README \"First ten minutes with your framework\"",

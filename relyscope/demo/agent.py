@@ -379,8 +379,10 @@ def run_demo(
     seed: int = 7,
     agent_name: str = "support-agent",
     version: str = "1.0.0",
+    on_run: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``tasks`` × ``trials`` simulated agent runs, emitting spans through ``tracer_provider``.
+    """Run ``tasks`` × ``trials`` simulated agent runs, emitting spans through ``tracer_provider``
+    (``on_run(runs done)`` after each run: a progress bar).
 
     Tasks are taken from :data:`TASKS` in order; beyond its length the catalog repeats with
     ``-2``, ``-3`` … suffixed task ids. Returns
@@ -391,6 +393,7 @@ def run_demo(
     if tasks < 1 or trials < 1:
         raise ValueError("tasks and trials must be >= 1")
     by_task: dict[str, dict[str, int]] = {}
+    done = 0
     for t in range(tasks):
         task = TASKS[t % len(TASKS)]
         lap = t // len(TASKS)
@@ -408,6 +411,9 @@ def run_demo(
             )
             counts["runs"] += 1
             counts["successes"] += int(ok)
+            done += 1
+            if on_run is not None:
+                on_run(done)
     flush = getattr(tracer_provider, "force_flush", None)
     if callable(flush):
         flush()

@@ -86,21 +86,26 @@ def configure(
     provider = TracerProvider(resource=Resource.create(attrs))
 
     if exporter is None:
-        hdrs = dict(headers) if headers else None
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=endpoint, headers=hdrs)
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter as HTTPSpanExporter,
-            )
-
-            url = _http_traces_url(endpoint) if endpoint else None
-            exporter = HTTPSpanExporter(endpoint=url, headers=hdrs)
+        exporter = otlp_exporter(endpoint, protocol, headers)
 
     processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
     provider.add_span_processor(processor)
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+def otlp_exporter(endpoint: str | None, protocol: Literal["grpc", "http/protobuf"],
+                  headers: Mapping[str, str] | None = None) -> SpanExporter:
+    """The OTel SDK's OTLP span exporter :func:`configure` uses: gRPC, or HTTP/protobuf with
+    ``/v1/traces`` appended to a base URL. Raises ValueError for an unknown ``protocol``."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    hdrs = dict(headers) if headers else None
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=endpoint, headers=hdrs)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPSpanExporter
+
+    return HTTPSpanExporter(endpoint=_http_traces_url(endpoint) if endpoint else None, headers=hdrs)

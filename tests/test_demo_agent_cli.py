@@ -1,0 +1,80 @@
+"""``relyscope demo-agent``: the demo's simulated agent sent to a sidecar that is already running
+(found missing by a fresh-user trial: the demo's agent could only talk to the demo's own sidecar).
+
+Expected counts come from the same runs captured by the OTel SDK's in-memory exporter, not from
+the command's output."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from relyscope.demo import run_demo
+from relyscope.testing import RELYSCOPE_BIN as BIN
+
+TASKS, TRIALS = 3, 2
+
+
+def _expected_spans() -> int:
+    exp = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    run_demo(tp, tasks=TASKS, trials=TRIALS, seed=7)
+    n = len(exp.get_finished_spans())
+    tp.shutdown()
+    return n
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([str(BIN), "demo-agent", "--tasks", str(TASKS), "--trials", str(TRIALS), *args],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})})
+
+
+def test_demo_agent_sends_its_runs_to_a_running_sidecar_over_grpc_and_http(sidecar_factory):
+    want = _expected_spans()
+    assert want > TASKS * TRIALS  # a root and its children per run
+    for proto, endpoint in (("grpc", "otlp_grpc"), ("http/protobuf", "otlp_http")):
+        sc = sidecar_factory()
+        r = _run("--endpoint", getattr(sc, endpoint), "--protocol", proto)
+        assert r.returncode == 0, r.stderr
+        out = " ".join(r.stderr.split())
+        assert f"{TASKS * TRIALS} runs" in out
+        assert re.search(rf"\b{want} spans acknowledged by .*, 0 not", out), out
+        sc.flush()
+        assert sc.get("/api/v1/spans").json()["spans"] == want
+        groups = [g for g in sc.report()["groups"] if g["agent"] == "support-agent"]
+        assert [g["trials"] for g in groups] == [TASKS * TRIALS]
+        sc.kill()
+
+
+def test_nothing_listening_is_a_clear_error():
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        r = _run("--endpoint", f"http://127.0.0.1:{port}")
+    assert r.returncode == 1
+    assert "nothing listens at" in r.stderr and "relyscope serve" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_refused_token_fails_the_command(sidecar_factory):
+    sc = sidecar_factory(extra_env={"RELYSCOPE_AUTH_TOKEN": "s3cret"})
+    r = _run("--endpoint", sc.otlp_grpc, env={"RELYSCOPE_AUTH_TOKEN": ""})
+    assert r.returncode == 1, r.stderr
+    assert "0 spans acknowledged" in " ".join(r.stderr.split())
+    ok = _run("--endpoint", sc.otlp_grpc, "--token", "s3cret")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_bad_arguments_say_what_to_change():
+    r = _run("--protocol", "thrift")
+    assert r.returncode == 2 and "--protocol must be one of grpc, http/protobuf" in " ".join(r.stderr.split())
+    r = _run("--endpoint", "http://[::1")
+    assert r.returncode == 2 and "is not a URL" in r.stderr
