@@ -9,7 +9,11 @@ import sys
 import threading
 from pathlib import Path
 
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from relyscope.config import Settings
+from relyscope.exporter.prom import build_registry
 from relyscope.pipeline import Pipeline
 from relyscope.scoring.stage import ScoreStage
 from relyscope.store import Store
@@ -122,4 +126,23 @@ def test_the_pipeline_takes_max_defer_from_the_settings(tmp_path, monkeypatch):
             with pytest.raises(ValidationError, match="score_max_defer"):
                 Settings()
     finally:
+        store.close()
+
+
+def test_postponed_cycles_are_counted(tmp_path):
+    # 12 intervals with the worker always backlogged and max_defer 3: the first cycle at start,
+    # then defer ×3 and run, three times → 4 cycles, 9 postponed (the rule of ScoreStage)
+    store = Store(f"chdb://{tmp_path}/data", database="yield3")
+    p = Pipeline(Settings(store=store.dsn, spool_dir=str(tmp_path / "spool")), store)
+    try:
+        sc = p.scoring
+        sc._stop, sc._busy, sc.max_defer = _Ticks(12), (lambda: True), 3
+        sc.run()
+        got = {s.name: s.value for fam in text_string_to_metric_families(generate_latest(build_registry(p)).decode())
+               for s in fam.samples if not s.labels}
+        assert got["relyscope_score_cycles_total"] == 4
+        assert got["relyscope_score_cycles_deferred_total"] == 9
+        assert got["relyscope_score_cycle_seconds_count"] == 4
+    finally:
+        p.spool.close()
         store.close()
