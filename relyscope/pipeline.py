@@ -237,11 +237,11 @@ class Pipeline:
         self._last_accept = 0.0  # monotonic time of the last spooled request
         self._append_failed_at: float | None = None  # monotonic time of the last failed append
         self._open_traces = 0
-        # the worker's last batch was full and more records wait (see _scorer_should_wait)
+        # the worker's last batch was full and more records wait: the scorer postpones its cycle
         self._backlogged = False
         self.scoring = ScoreStage(settings, store, self.policy, stop=self._stop,
                                   store_error=lambda e: setattr(self, "_last_error", str(e)),
-                                  busy=self._scorer_should_wait, max_defer=settings.score_max_defer)
+                                  busy=lambda: self._backlogged, max_defer=settings.score_max_defer)
         # shadow replays and release gates (relyscope.shadow): the stage is attached by the sidecar
         from relyscope.scorers.gate import default_gate_policy, load_gate_policy
 
@@ -437,21 +437,6 @@ class Pipeline:
             return age
         waiting = self.spool.last_seq - max(self._next_seq - 1, frm)
         return max(age, waiting * per)
-
-    def _scorer_should_wait(self) -> bool:
-        """Whether the scorer postpones its next cycle: the worker's last batch was full, more
-        records wait, and by its recent seconds per record (full batches) the worker needs more
-        than a score interval for them. Postponing a cycle gives the worker at most that cycle's
-        time; a backlog cleared within one interval anyway gains little from it, while every
-        postponed cycle leaves the gauges an interval older (at 12 000 spans/s on one core,
-        ~1 s behind, three postponed cycles made them 37-52 s old: bench_freshness_load.py).
-        Before the first full batch (no estimate yet) a full batch alone counts."""
-        if not self._backlogged:
-            return False
-        per = self._s_per_record
-        if per is None:
-            return True
-        return (self.spool.last_seq - (self._next_seq - 1)) * per > self.settings.score_interval_s
 
     def _check_backlog(self) -> None:
         """Raise Backpressure when ``max_backlog_s`` is set, the store works and storing is
