@@ -20,20 +20,20 @@ from relyscope.testing import RELYSCOPE_BIN as BIN
 TASKS, TRIALS = 3, 2
 
 
-def _expected_spans() -> int:
+def _expected_spans(tasks: int = TASKS, trials: int = TRIALS) -> int:
     exp = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(exp))
-    run_demo(tp, tasks=TASKS, trials=TRIALS, seed=7)
+    run_demo(tp, tasks=tasks, trials=trials, seed=7)
     n = len(exp.get_finished_spans())
     tp.shutdown()
     return n
 
 
-def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _run(*args: str, env: dict | None = None, tasks: int = TASKS, trials: int = TRIALS) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([str(BIN), "demo-agent", "--tasks", str(TASKS), "--trials", str(TRIALS), *args],
+    return subprocess.run([str(BIN), "demo-agent", "--tasks", str(tasks), "--trials", str(trials), *args],
                           capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})})
 
 
@@ -46,7 +46,7 @@ def test_demo_agent_sends_its_runs_to_a_running_sidecar_over_grpc_and_http(sidec
         assert r.returncode == 0, r.stderr
         out = " ".join(r.stderr.split())
         assert f"{TASKS * TRIALS} runs" in out
-        assert re.search(rf"\b{want} spans acknowledged by .*, 0 not", out), out
+        assert re.search(rf"\b{want} spans; {want} acknowledged by .*, 0 not", out), out
         sc.flush()
         assert sc.get("/api/v1/spans").json()["spans"] == want
         groups = [g for g in sc.report()["groups"] if g["agent"] == "support-agent"]
@@ -68,7 +68,7 @@ def test_a_refused_token_fails_the_command(sidecar_factory):
     sc = sidecar_factory(extra_env={"RELYSCOPE_AUTH_TOKEN": "s3cret"})
     r = _run("--endpoint", sc.otlp_grpc, env={"RELYSCOPE_AUTH_TOKEN": ""})
     assert r.returncode == 1, r.stderr
-    assert "0 spans acknowledged" in " ".join(r.stderr.split())
+    assert "; 0 acknowledged" in " ".join(r.stderr.split())
     ok = _run("--endpoint", sc.otlp_grpc, "--token", "s3cret")
     assert ok.returncode == 0, ok.stderr
 
@@ -78,3 +78,18 @@ def test_bad_arguments_say_what_to_change():
     assert r.returncode == 2 and "--protocol must be one of grpc, http/protobuf" in " ".join(r.stderr.split())
     r = _run("--endpoint", "http://[::1")
     assert r.returncode == 2 and "is not a URL" in r.stderr
+
+
+def test_a_large_run_loses_no_span_and_a_host_port_endpoint_is_plain_grpc(sidecar_factory):
+    # bug (fresh-user trial): 5 000 runs overfilled the SDK's batch queue ("Queue full, dropping
+    # Span"): a third of the runs never reached the sidecar and the command still exited 0
+    tasks, trials = 600, 5
+    want = _expected_spans(tasks, trials)
+    assert want > 2048  # more than the SDK's default batch queue
+    sc = sidecar_factory()
+    host_port = sc.otlp_grpc.split("://", 1)[1]  # no scheme: was taken for TLS
+    r = _run("--endpoint", host_port, tasks=tasks, trials=trials)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(rf"\b{want} spans; {want} acknowledged by .*, 0 not", " ".join(r.stderr.split()))
+    sc.flush()
+    assert sc.get("/api/v1/spans").json()["spans"] == want
