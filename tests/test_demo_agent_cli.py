@@ -93,3 +93,13 @@ def test_a_large_run_loses_no_span_and_a_host_port_endpoint_is_plain_grpc(sideca
     assert re.search(rf"\b{want} spans; {want} acknowledged by .*, 0 not", " ".join(r.stderr.split()))
     sc.flush()
     assert sc.get("/api/v1/spans").json()["spans"] == want
+
+
+def test_the_shells_otel_variables_neither_break_nor_fool_it(sidecar_factory):
+    sc = sidecar_factory()
+    # --protocol grpc wins over an OTEL_EXPORTER_OTLP_PROTOCOL the SDK would refuse (was a traceback)
+    r = _run("--endpoint", sc.otlp_grpc, env={"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    # a sampler that records nothing: not "0 acknowledged, 0 not" and exit 0
+    r = _run("--endpoint", sc.otlp_grpc, env={"OTEL_TRACES_SAMPLER": "always_off"})
+    assert r.returncode == 1 and "no span was recorded" in r.stderr and "Traceback" not in r.stderr

@@ -93,3 +93,24 @@ def test_a_store_write_shows_in_the_latency_histogram_at_the_next_scrape(tmp_pat
     finally:
         p.spool.close()
         store.close()
+
+
+def test_a_scrape_racing_another_for_the_same_samples_does_not_fail():
+    # bug (h-breaker): the drain read len() and then popped that many; a concurrent scrape that
+    # emptied the queue in between made this one raise IndexError (a 500 on /metrics)
+    import collections
+
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from relyscope.exporter.prom import _drain
+
+    class Raced(collections.deque):
+        def __len__(self):  # what this scrape saw before the other one took two of the samples
+            return super().__len__() + 2
+
+    q = Raced([0.5, 2.0])
+    hist = Histogram("h_seconds", "h", registry=CollectorRegistry(), buckets=(1, 10))
+    _drain(q, hist)
+    assert len(collections.deque(q)) == 0
+    got = {s.name: s.value for s in hist.collect()[0].samples if not s.labels or s.labels.get("le") == "1.0"}
+    assert got["h_seconds_count"] == 2 and got["h_seconds_sum"] == 2.5 and got["h_seconds_bucket"] == 1

@@ -700,7 +700,8 @@ def demo_agent(
                   f"{'OTLP/HTTP' if port == 4318 else 'OTLP/gRPC'} port by default[/yellow]")
     exporter = CountingExporter(otlp_exporter(endpoint, protocol,
                                                {"authorization": f"Bearer {token}"} if token else None))
-    tp = _provider_with(exporter, "support-agent", version)
+    # the protocol given, so OTEL_EXPORTER_OTLP_PROTOCOL cannot override (or break) it
+    tp = _provider_with(exporter, "support-agent", version, protocol)
     ended = EndedSpans()
     tp.add_span_processor(ended)
     tp.id_generator = SeededIdGenerator(seed)
@@ -719,6 +720,9 @@ def demo_agent(
     err.print(f"simulated agent: {summary['runs']} runs, {summary['successes']} successes, {ended.n} spans; "
               f"{exporter.ok} acknowledged by {endpoint}, {exporter.failed} not"
               + (f", {lost} dropped before sending" if lost else ""))
+    if not ended.n:
+        err.print("[red]no span was recorded[/red]: is OTEL_SDK_DISABLED or OTEL_TRACES_SAMPLER set in this shell?")
+        raise typer.Exit(1)
     if exporter.failed or lost:
         err.print("[red]some spans were not acknowledged[/red]: see the exporter's messages above (a wrong "
                   "--protocol for that port, a missing or wrong --token, the sidecar's backpressure)")
@@ -727,10 +731,10 @@ def demo_agent(
               "10 s): `relyscope report`, or /metrics of the sidecar")
 
 
-def _provider_with(exporter, service_name: str, version: str):
+def _provider_with(exporter, service_name: str, version: str, protocol: str):
     from relyscope.instrumentation import configure
 
-    return configure(exporter=exporter, service_name=service_name, service_version=version)
+    return configure(exporter=exporter, protocol=protocol, service_name=service_name, service_version=version)
 
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"

@@ -207,9 +207,7 @@ class _ReliabilityCollector(Collector):
                                 "kept for `relyscope quarantine replay`", value=q_records)
         yield GaugeMetricFamily("relyscope_quarantine_bytes", "Bytes held in quarantine", value=q_bytes)
         # drain write-latency samples into the histogram
-        q = s.store_write_seconds
-        for _ in range(len(q)):  # popleft is atomic: samples appended meanwhile are kept
-            self.hist.observe(q.popleft())
+        _drain(s.store_write_seconds, self.hist)
         # exposed here, after the drain: registered on the registry itself, a histogram was
         # collected before this drain and showed each sample one scrape late
         yield from self.hist.collect()
@@ -228,10 +226,20 @@ class _ReliabilityCollector(Collector):
         if sc.last_cycle_end is not None:
             age.add_metric([], max(0.0, time.time() - sc.last_cycle_end))
         yield age
-        q = sc.cycle_seconds
-        for _ in range(len(q)):
-            self.cycle_hist.observe(q.popleft())
+        _drain(sc.cycle_seconds, self.cycle_hist)
         yield from self.cycle_hist.collect()
+
+
+def _drain(q, hist: Histogram) -> None:
+    """Move the samples queued so far into ``hist``. ``popleft`` is atomic: samples appended
+    meanwhile are kept for the next scrape, and a concurrent scrape that emptied the queue first
+    ends this one (``len`` then popping raised IndexError, a 500 on /metrics)."""
+    for _ in range(len(q)):
+        try:
+            v = q.popleft()
+        except IndexError:
+            return
+        hist.observe(v)
 
 
 def build_registry(pipeline: "Pipeline") -> CollectorRegistry:
