@@ -553,7 +553,8 @@ def test_a_ci_older_than_its_value_is_marked_stale_in_scores_report_and_gauges(c
 
         from relyscope.exporter.prom import _ReliabilityCollector
 
-        fam = next(f for f in _ReliabilityCollector(_P(), Histogram("h", "h", registry=None)).collect()
+        fam = next(f for f in _ReliabilityCollector(_P(), Histogram("h", "h", registry=None),
+                                                     Histogram("c", "c", registry=None)).collect()
                    if f.name == "relyscope_score_ci_age_seconds")  # yielded before the self metrics
         ages = [s.value for s in fam.samples if s.labels["window"] == "all" and s.labels["agent"] == "a"]
         assert len(ages) == 1 and ages[0] > 0
