@@ -700,8 +700,10 @@ def demo_agent(
                   f"{'OTLP/HTTP' if port == 4318 else 'OTLP/gRPC'} port by default[/yellow]")
     exporter = CountingExporter(otlp_exporter(endpoint, protocol,
                                                {"authorization": f"Bearer {token}"} if token else None))
+    from relyscope.instrumentation import configure
+
     # the protocol given, so OTEL_EXPORTER_OTLP_PROTOCOL cannot override (or break) it
-    tp = _provider_with(exporter, "support-agent", version, protocol)
+    tp = configure(exporter=exporter, protocol=protocol, service_name="support-agent", service_version=version)
     ended = EndedSpans()
     tp.add_span_processor(ended)
     tp.id_generator = SeededIdGenerator(seed)
@@ -714,8 +716,7 @@ def demo_agent(
     with _progress() as prog:
         bar = prog.add_task(f"simulated agent → {endpoint}", total=tasks * trials)
         summary = run_demo(tp, tasks=tasks, trials=trials, seed=seed, version=version, on_run=on_run)
-    tp.force_flush()
-    tp.shutdown()
+    tp.shutdown()  # run_demo flushed at its end; shutdown exports anything left
     lost = ended.n - exporter.ok - exporter.failed  # dropped by the SDK before any export
     err.print(f"simulated agent: {summary['runs']} runs, {summary['successes']} successes, {ended.n} spans; "
               f"{exporter.ok} acknowledged by {endpoint}, {exporter.failed} not"
@@ -729,12 +730,6 @@ def demo_agent(
         raise typer.Exit(1)
     err.print("scores appear after the sidecar's grace period and its next scoring cycle (by default 5 s and "
               "10 s): `relyscope report`, or /metrics of the sidecar")
-
-
-def _provider_with(exporter, service_name: str, version: str, protocol: str):
-    from relyscope.instrumentation import configure
-
-    return configure(exporter=exporter, protocol=protocol, service_name=service_name, service_version=version)
 
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"
