@@ -64,7 +64,8 @@ def configure(
     wrappers use it, pass it as ``tracer_provider=`` to ``agent_run`` (children inherit it), call
     ``use_tracer_provider(tp)``, or pass ``set_global=True``.
 
-    Raises ValueError for an unknown ``protocol``.
+    Raises ValueError for an unknown ``protocol``, or for ``OTEL_BSP_*`` variables the SDK's
+    ``BatchSpanProcessor`` refuses (an export batch larger than the queue), naming them.
     """
     if protocol is None:
         import os
@@ -88,7 +89,16 @@ def configure(
     if exporter is None:
         exporter = otlp_exporter(endpoint, protocol, headers)
 
-    processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+    try:
+        processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+    except ValueError as e:  # the SDK's own check of its OTEL_BSP_* variables, which it reads here
+        import os
+
+        raise ValueError(
+            f"the OTel SDK refused its batch settings ({e}): set OTEL_BSP_MAX_EXPORT_BATCH_SIZE "
+            f"(now {os.environ.get('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', 'unset: 512')}) at most "
+            f"OTEL_BSP_MAX_QUEUE_SIZE (now {os.environ.get('OTEL_BSP_MAX_QUEUE_SIZE', 'unset: 2048')}), "
+            f"or pass batch=False") from e
     provider.add_span_processor(processor)
     if set_global:
         trace.set_tracer_provider(provider)

@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import math
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -895,8 +896,11 @@ def record_decision(kind: str, *, reason: str | None = None) -> None:
     if reason is not None:
         attrs[sc.RS_DECISION_REASON] = str(reason)
     if runs and runs[-1].span is span:
-        child = _tracer(None).start_span(f"decision {kind}", attributes=attrs)
-        child.end(end_time=child.start_time)  # type: ignore[attr-defined]
+        # zero length by an explicit start and end: a non-recording span (no SDK configured, or
+        # OTEL_SDK_DISABLED=true) has no start_time to read back, and must not break the agent
+        now = time.time_ns()
+        child = _tracer(None).start_span(f"decision {kind}", attributes=attrs, start_time=now)
+        child.end(end_time=now)
         return
     for k, v in attrs.items():
         span.set_attribute(k, v)
