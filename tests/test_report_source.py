@@ -170,3 +170,14 @@ def test_a_stores_report_grades_replays_and_reads_the_policy_as_the_sidecar_does
 
     assert shadow_outcomes() == {"success": 2, "failure": 1, "unknown": 0}
     assert shadow_outcomes(RELYSCOPE_POLICY_FILE=str(policy)) == {"success": 1, "failure": 2, "unknown": 0}
+
+
+@pytest.mark.parametrize("cmd", [("report", "--n-boot", "0"), ("history", "success_rate")])
+def test_api_pointed_at_the_otlp_port_says_so(two_stores, cmd):
+    """Bug: ``--api`` given the OTLP/HTTP receiver's address printed only "answered 404" and
+    the receiver's body; the message now says that address is not the management API."""
+    sc, _ = two_stores
+    r = _cli(*cmd, "--api", sc.otlp_http)
+    assert r.returncode == 1
+    msg = " ".join(r.stderr.split())
+    assert "not a relyscope management API" in msg and "RELYSCOPE_API" in msg, r.stderr

@@ -214,9 +214,22 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
         err.print(f"[red]--window {escape(window)}:[/red] {escape(detail)}")
         raise typer.Exit(2)
     if r.status_code != 200:
-        err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
-        raise typer.Exit(1)
+        _answered(api, r)
     return r.json()
+
+
+def _answered(api: str, r) -> None:
+    """Print what a sidecar's API answered other than 200 and exit 1; a 404 on a known API path
+    means the URL is not a relyscope management API (an OTLP receiver, a wrong port)."""
+    from rich.markup import escape
+
+    if r.status_code == 404 and "/api/v1/" in str(r.request.url):
+        err.print(f"[red]{escape(api)} has no {escape(r.request.url.path)} (404):[/red] it is not a relyscope "
+                  f"management API — the OTLP receivers (:4317, :4318) answer 404 here. Pass the sidecar's "
+                  f"API address (its RELYSCOPE_API, default {DEFAULT_API}) to --api.")
+    else:
+        err.print(f"[red]the sidecar at {escape(api)} answered {r.status_code}:[/red] {escape(r.text[:300])}")
+    raise typer.Exit(1)
 
 
 def _json_or_none(r) -> Optional[dict]:
@@ -424,8 +437,7 @@ def history(
                       f"({len(valid)} in all, metrics.md §11)")
             raise typer.Exit(2)
     if r.status_code != 200:
-        err.print(f"[red]the sidecar at {api} answered {r.status_code}:[/red] {r.text[:300]}")
-        raise typer.Exit(1)
+        _answered(api, r)
     data = r.json()
     if format.value == "json":
         print(json.dumps(data, indent=2))
