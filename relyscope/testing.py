@@ -71,6 +71,7 @@ class SidecarProc:
     http_port: int
     api_port: int
     env: dict = field(default_factory=dict)
+    listening: dict = field(default_factory=dict)  # the parsed "listening" line of its stdout
 
     @property
     def api(self) -> str:
@@ -194,6 +195,7 @@ def start_sidecar(data_dir: Path, *, extra_env: dict | None = None, args: list[s
         if line.startswith("{") and '"listening"' in line:
             info = json.loads(line)
             sc.grpc_port, sc.http_port, sc.api_port = info["otlp_grpc"], info["otlp_http"], info["api"]
+            sc.listening = info  # the whole "listening" line, as a supervisor reads it
             return sc
         if proc.poll() is not None:
             raise RuntimeError(f"sidecar exited ({proc.returncode}): {sc.log[-4000:]}")

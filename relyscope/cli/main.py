@@ -137,9 +137,11 @@ def serve(
     except Exception as e:  # noqa: BLE001 - fail fast at start-up with the reason
         err.print(f"[red]cannot start:[/red] {e}")
         raise typer.Exit(1) from None
+    from relyscope.store.clickhouse import display_dsn
+
     # one line a supervisor (or a test) can parse
     print(json.dumps({"event": "listening", "otlp_grpc": sc.otlp_grpc_port, "otlp_http": sc.otlp_http_port,
-                      "api": sc.api_port, "store": s.store, "pid": os.getpid()}), flush=True)
+                      "api": sc.api_port, "store": display_dsn(s.store), "pid": os.getpid()}), flush=True)
     done.wait()
     t0 = time.monotonic()
     sc.stop()
@@ -330,9 +332,11 @@ def report(
         source = {"from": "sidecar", "api": api, "store": None}
         if rep is None:
             dsn = _local_dsn(_settings().store, api)  # RELYSCOPE_STORE, validated as serve's
-            err.print(f"no sidecar at {api}; reading {dsn}")
+            from relyscope.store.clickhouse import display_dsn
+
+            err.print(f"no sidecar at {api}; reading {display_dsn(dsn)}")
             rep = _report_from_store_or_exit(dsn, n_boot, window)
-            source = {"from": "store", "api": None, "store": dsn}
+            source = {"from": "store", "api": None, "store": display_dsn(dsn)}
     _print_report({**rep, "source": source}, format, source=source)
 
 
@@ -369,10 +373,12 @@ def _report_of_store(store: str, api: Optional[str], token: Optional[str], n_boo
     (``--api``, default :data:`DEFAULT_API`) once its ``/healthz`` says it serves that very
     directory; any other sidecar's report is never taken for it (exit 1 naming both)."""
     from relyscope.store import StoreUnavailable, chdb_path
+    from relyscope.store.clickhouse import display_dsn
 
     dsn = _local_dsn(_settings(store=store).store, None)
     try:
-        return _report_from_store(dsn, n_boot, window=window), {"from": "store", "api": None, "store": dsn}
+        return _report_from_store(dsn, n_boot, window=window), {"from": "store", "api": None,
+                                                                "store": display_dsn(dsn)}
     except StoreUnavailable as e:
         if "in use by another process" not in str(e):
             err.print(f"[red]{e}[/red]")
@@ -622,8 +628,10 @@ def demo(
     t0 = time.monotonic()
     sc = Sidecar(s).start()
     target = None
+    from relyscope.store.clickhouse import display_dsn
+
     err.print(f"sidecar up: OTLP gRPC 127.0.0.1:{sc.otlp_grpc_port}, OTLP HTTP 127.0.0.1:{sc.otlp_http_port}, "
-              f"API http://127.0.0.1:{sc.api_port}, store {s.store}")
+              f"API http://127.0.0.1:{sc.api_port}, store {display_dsn(s.store)}")
     try:
         tp = _provider(f"http://127.0.0.1:{sc.otlp_grpc_port}", "grpc", "support-agent")
         tp.id_generator = SeededIdGenerator(seed)  # same ids, plan seeds and verdicts on every run

@@ -44,6 +44,7 @@ from relyscope.exporter.prom import build_registry
 from relyscope.exporter.report import build_report
 from relyscope.scorers.profile import metric_keys
 from relyscope.store import StoreUnavailable
+from relyscope.store.clickhouse import display_dsn
 
 if TYPE_CHECKING:
     from relyscope.pipeline import Pipeline
@@ -226,7 +227,7 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         status = why or ("degraded" if pipeline.last_error or q_records else "ok")
         if why:
             response.status_code = 503
-        return {"status": status, "store": pipeline.store.dsn.split("@")[-1],
+        return {"status": status, "store": display_dsn(pipeline.store.dsn),
                 "spool_pending_records": spool.pending_records, "spool_bytes": spool.bytes_used,
                 "queue_depth": pipeline.queue_depth, "last_error": pipeline.last_error,
                 "quarantine_records": q_records, "quarantine_bytes": q_bytes}

@@ -97,6 +97,21 @@ def chdb_path(dsn: str) -> str | None:
     return None
 
 
+def display_dsn(dsn: str) -> str:
+    """A DSN fit for a log line or an API answer: a ``chdb://`` path made absolute (as
+    :func:`chdb_path`; a relative one says nothing once the process has moved on), the user and
+    password of a server DSN left out (``http://user:pass@host:8123/db`` → ``http://host:8123/db``).
+    Never raises."""
+    path = chdb_path(dsn)
+    if path is not None:
+        return "chdb://" + path
+    scheme, sep, rest = dsn.partition("://")
+    # everything up to the last "@": a password may itself hold "/" or "@" unescaped (a path or
+    # query holding "@" loses its head here, which is the safe side)
+    rest = rest.rsplit("@", 1)[-1]
+    return f"{scheme}{sep}{rest}"
+
+
 def resolve_dsn(dsn: str) -> str:
     """Make a ``chdb://`` path absolute (see :func:`chdb_path`) and create its directory."""
     path = chdb_path(dsn)
@@ -473,7 +488,7 @@ class Store:
     def _connect(self) -> None:
         """Open the client and create the schema (idempotent DDL). Raises StoreUnavailable."""
         path = chdb_path(self.dsn) if self.embedded else None
-        in_use = (f"cannot open {self.dsn}: the data directory is in use by another process (chDB lets "
+        in_use = (f"cannot open {display_dsn(self.dsn)}: the data directory is in use by another process (chDB lets "
                   "one process open a data directory; ask the running sidecar with --api instead)")
         if path is not None and chdb_held_elsewhere(path):
             raise StoreUnavailable(in_use)
@@ -495,10 +510,10 @@ class Store:
             held = re.search(r"already initialized with path '([^']*)'", msg) if self.embedded else None
             if held:  # this process, not another one, holds a different directory
                 raise StoreUnavailable(
-                    f"cannot open {self.dsn}: this process already opened the chDB data directory {held[1]} "
+                    f"cannot open {display_dsn(self.dsn)}: this process already opened the chDB data directory {held[1]} "
                     "(chDB opens one data directory per process; use that one, or open this one in another "
                     "process)") from e
-            raise StoreUnavailable(f"cannot open store {self.dsn}: {e}") from e
+            raise StoreUnavailable(f"cannot open store {display_dsn(self.dsn)}: {e}") from e
         self._client = client
         self._write_opts = self._write_settings(client)
         if path is not None:
