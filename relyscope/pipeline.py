@@ -42,6 +42,7 @@ than the whole spool) are raised to the receivers, which map them to OTLP status
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import os
@@ -274,7 +275,7 @@ class Pipeline:
         workers = resolve_workers(self.settings.decode_workers)
         if workers > 1 and self._prefetch is None:
             try:
-                pool = DecodePool(self._decode_fn, workers)
+                pool = DecodePool(_ahead_of(self._decode_fn), workers)
             except Exception as e:  # noqa: BLE001 - e.g. no POSIX semaphores
                 if self.settings.decode_workers != "auto":
                     raise
@@ -715,7 +716,7 @@ class Pipeline:
             self._rehydrated |= asked
             for (seq, spans), (_, res) in zip(per_record, batch):
                 sems = res.semantics if prepared else (normalize(s) for s in spans)
-                new = self.builder.add(zip(spans, sems), now)
+                new = self.builder.add(zip(spans, sems), now, res.ahead if prepared else None)
                 self.stats.deduplicated += len(spans) - new
                 self._advance(seq)
             if self._rehydrated and self._next_seq > self._replay_until:
@@ -979,6 +980,15 @@ class Pipeline:
     def rescore(self, *, all_groups: bool = False) -> dict[GroupKey, GroupScore]:
         """Recompute scores of changed groups (or all) from the store; store and publish them."""
         return self.scoring.rescore(all_groups=all_groups)
+
+
+def _ahead_of(fn: Callable[[bytes], DecodeResult]) -> Callable[[bytes], DecodeResult]:
+    """The decode a decode process runs: the hot path's also assembles the traces a record holds
+    whole (``ahead=True``: work the worker thread, the sidecar's serial stage, then skips; bench
+    README "assembled ahead"); any other decode unchanged."""
+    if isinstance(fn, functools.partial) and fn.func is fastpath.decode_record:
+        return functools.partial(fn, ahead=True)
+    return fn
 
 
 def _concat(parts: list) -> "SpanColumns":

@@ -35,7 +35,7 @@ from relyscope.collector.otlp import decompress
 from relyscope.collector.redaction import Redactor
 from relyscope.config import Settings
 from relyscope.model import CanonicalSpan, SpanEvent
-from relyscope.pipeline import Pipeline
+from relyscope.pipeline import Pipeline, _ahead_of
 from relyscope.store import Store
 
 from conftest import DATA
@@ -55,12 +55,19 @@ def chdb_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("fastpath")
 
 
-def _run(root: Path, decoder: str, requests: list[tuple[dict, bytes]], **settings):
+AHEAD: list[int] = []  # traces assembled ahead per "ahead" run (the feature is exercised, not dead)
+
+
+def _run(root: Path, decoder: str, requests: list[tuple[dict, bytes]], *, ahead: bool = False, **settings):
     db = f"fp_{decoder}_{uuid.uuid4().hex[:8]}"
     store = Store(f"chdb://{root}/data", database=db)
     st = Settings(store=store.dsn, spool_dir=str(root / f"spool-{db}"), grace_period_s=0.0,
                   ingest_decoder=decoder, **settings)
     p = Pipeline(st, store, clock=lambda: CLOCK)
+    if ahead:  # what a decode process runs, its result through pickle as a process ships it
+        fn = _ahead_of(p._decode_fn)
+        assert fn is not p._decode_fn
+        p._decode_fn = lambda payload: pickle.loads(pickle.dumps(fn(payload)))
     replies = []
     for headers, body in requests:
         try:
@@ -78,6 +85,8 @@ def _run(root: Path, decoder: str, requests: list[tuple[dict, bytes]], **setting
     trials = store.query("SELECT * EXCEPT version_ns FROM {db}.trials FINAL ORDER BY trial_id")
     stats = (p.stats.accepted, dict(p.stats.rejected), dict(p.stats.warnings), p.stats.deduplicated,
              p.stats.trials_finalized)
+    if ahead:
+        AHEAD.append(p.builder.assembled_ahead)
     p.spool.close()
     store.close()
     return replies, spans, trials, stats
@@ -109,7 +118,28 @@ def _same(root: Path, requests, **settings) -> tuple:
     assert fast[1] == legacy[1], "stored spans differ"
     assert fast[2] == legacy[2], "stored trials differ"
     assert fast[3] == legacy[3], "counters differ"
+    # the decode processes' path: traces whole in a record assembled there, ahead of the worker
+    ahead = _run(root, "fast", requests, ahead=True, **settings)
+    assert ahead == fast, "assembled ahead differs"
+    # an OTLP/JSON body is decoded when accepted, never by a decode process: its protobuf twin is
+    pb = [_as_protobuf(r) for r in requests]
+    if pb != requests:
+        assert _run(root, "fast", pb, ahead=True, **settings) == _run(root, "fast", pb, **settings), \
+            "assembled ahead differs (protobuf twins)"
     return legacy
+
+
+def _as_protobuf(request: tuple[dict, bytes]) -> tuple[dict, bytes]:
+    """The protobuf encoding of an uncompressed OTLP/JSON request where protobuf can hold it."""
+    headers, body = request
+    if headers.get("Content-Type") != "application/json" or headers.get("Content-Encoding"):
+        return request
+    try:
+        msg = json_format.ParseDict(_hex_to_b64(json.loads(body)), ExportTraceServiceRequest(),
+                                    ignore_unknown_fields=True)
+    except Exception:  # noqa: BLE001 - not valid OTLP for protobuf (the case is about that): as is
+        return request
+    return {**headers, "Content-Type": "application/x-protobuf"}, msg.SerializeToString()
 
 
 # ---- payloads ----------------------------------------------------------------------------------
@@ -183,6 +213,73 @@ def test_bench_payload_same_rows_and_trials(chdb_dir):
     replies, spans, trials, _ = _same(chdb_dir, _bench_requests())
     assert len(spans) == 64  # the gzip and JSON requests re-send the same ids (the last one wins)
     assert len(trials) == 4 and all(r[0] == 64 for r in replies)  # 16 spans per trace
+
+
+def test_assembled_ahead_is_used_and_equal(chdb_dir):
+    """One protobuf request of whole traces: each of its 4 traces is assembled in the decode
+    process's function and taken by the builder (counted), the stored trials equal the oracle's."""
+    AHEAD.clear()
+    _, spans, trials, _ = _same(chdb_dir, [(PB, build_request(64).SerializeToString())])
+    assert len(spans) == 64 and len(trials) == 4
+    assert AHEAD == [4]
+
+
+def test_a_trace_split_over_two_requests_is_assembled_by_the_worker(chdb_dir):
+    """The root in one request, the rest in the next (as a BatchSpanProcessor sends a run longer
+    than its export delay): the first request's assembly ahead holds only the root, so the
+    builder assembles the trace itself — same trials as the oracle, nothing taken ahead."""
+    req = build_request(64)
+    first, second = ExportTraceServiceRequest(), ExportTraceServiceRequest()
+    first.CopyFrom(req)
+    second.CopyFrom(req)
+    roots = [sp for sp in req.resource_spans[0].scope_spans[0].spans if not sp.parent_span_id]
+    assert len(roots) == 4
+    del first.resource_spans[0].scope_spans[0].spans[:]
+    first.resource_spans[0].scope_spans[0].spans.extend(roots)
+    keep = [sp for sp in req.resource_spans[0].scope_spans[0].spans if sp.parent_span_id]
+    del second.resource_spans[0].scope_spans[0].spans[:]
+    second.resource_spans[0].scope_spans[0].spans.extend(keep)
+    AHEAD.clear()
+    _, spans, trials, _ = _same(chdb_dir, [(PB, first.SerializeToString()), (PB, second.SerializeToString())])
+    assert len(spans) == 64 and len(trials) == 4
+    assert AHEAD == [0]
+
+
+def _demo_requests(per_request: int) -> list[tuple[dict, bytes]]:
+    """The demo agent's runs (tool faults, refusals, retries, confirmations, outcomes) recorded by
+    the real OTel SDK and encoded by its OTLP exporter's encoder, ``per_request`` spans a request
+    in end order, as a BatchSpanProcessor sends them."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from relyscope.demo.agent import run_demo
+
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    run_demo(tp, tasks=8, trials=3, seed=11)
+    spans = sorted(mem.get_finished_spans(), key=lambda s: s.end_time)
+    return [(PB, encode_spans(spans[i:i + per_request]).SerializeToString())
+            for i in range(0, len(spans), per_request)]
+
+
+@pytest.mark.parametrize("per_request", [10_000, 7])
+def test_demo_agent_runs_assembled_ahead_equal(chdb_dir, per_request):
+    """Realistic runs: all in one request (every trace whole: all taken ahead), or 7 spans a
+    request (traces cut across requests: only those whole in one are taken ahead)."""
+    requests = _demo_requests(per_request)
+    where: dict[bytes, set[int]] = {}  # trace id → the requests holding its spans
+    for i, (_, body) in enumerate(requests):
+        for sp in ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans:
+            where.setdefault(sp.trace_id, set()).add(i)
+    whole = sum(len(r) == 1 for r in where.values())  # every demo run has its agent root
+    AHEAD.clear()
+    _, _, trials, _ = _same(chdb_dir, requests)
+    assert len(trials) == len(where) == 24
+    assert AHEAD == [whole]
+    assert (whole == 24) if per_request > 1000 else (0 < whole < 24)
 
 
 @pytest.mark.parametrize("case", CASE_FILES, ids=lambda p: p.stem)
@@ -282,3 +379,57 @@ def test_decode_pool_runs_the_hot_path_and_returns_the_same_batches():
         assert any(len(fastpath.decode_record(r, LIMITS, red).spans) for r in RECORDS)
     finally:
         pool.close()
+
+
+# ---- the builder with assembly made ahead ---------------------------------------------------------
+
+def _demo_items():
+    from relyscope.collector.otlp import Limits
+
+    spans, sems = [], []
+    for _, body in _demo_requests(10_000):
+        r = fastpath.decode_record(b"P" + body, Limits(), None)
+        spans += r.spans
+        sems += r.semantics
+    return spans, sems
+
+
+def test_builder_takes_ahead_only_what_it_would_assemble_itself():
+    from relyscope.trajectory.builder import TrajectoryBuilder, assemble_ahead
+
+    spans, sems = _demo_items()
+    plain = TrajectoryBuilder(grace_s=0.0)
+    plain.add(zip(spans, sems), 0.0)
+    want = plain.poll(1.0)
+    assert len(want) == 24
+
+    whole = TrajectoryBuilder(grace_s=0.0)
+    whole.add(zip(spans, sems), 0.0, pickle.loads(pickle.dumps(assemble_ahead(spans, sems))))
+    # the trials made ahead are held with the open trace and counted in its memory (as much again)
+    assert whole.open_bytes == 2 * plain_open_bytes(spans, sems)
+    assert whole.poll(1.0) == want and whole.assembled_ahead == 24
+    assert whole.open_bytes == 0
+
+    # cut in two adds (two requests): a trace in both is assembled by the builder, from all its spans
+    k = len(spans) // 2
+    cut = TrajectoryBuilder(grace_s=0.0)
+    cut.add(zip(spans[:k], sems[:k]), 0.0, assemble_ahead(spans[:k], sems[:k]))
+    cut.add(zip(spans[k:], sems[k:]), 0.0, assemble_ahead(spans[k:], sems[k:]))
+    both = {s.trace_id for s in spans[:k]} & {s.trace_id for s in spans[k:]}
+    assert len(both) == 1
+    assert sorted(cut.poll(1.0), key=lambda t: t.trial_id) == sorted(want, key=lambda t: t.trial_id)
+    assert cut.assembled_ahead == 23 and cut.open_bytes == 0
+
+    # an exact re-send of one trace's span in a later add: assembled by the builder
+    again = TrajectoryBuilder(grace_s=0.0)
+    again.add(zip(spans, sems), 0.0, assemble_ahead(spans, sems))
+    again.add([(spans[0], sems[0])], 0.0)
+    assert again.poll(1.0) == want and again.assembled_ahead == 23
+
+
+def plain_open_bytes(spans, sems) -> int:
+    from relyscope.trajectory.builder import TrajectoryBuilder
+
+    b = TrajectoryBuilder(grace_s=0.0)
+    b.add(zip(spans, sems), 0.0)
+    return b.open_bytes

@@ -44,21 +44,24 @@ def is_prepared(res: DecodeResult) -> bool:
     return res.columns is not None
 
 
-def decode_record(payload: bytes, limits: Limits, redactor: Redactor | None = None) -> DecodeResult:
+def decode_record(payload: bytes, limits: Limits, redactor: Redactor | None = None, *,
+                  ahead: bool = False) -> DecodeResult:
     """Decode one spool record (tag byte ``P``/``J`` + decompressed OTLP body) and prepare it.
     The hot-path twin of :func:`relyscope.collector.records.decode_spool_record` (same contract:
     module-level and pure, ``functools.partial(decode_record, limits=..., redactor=...)`` pickles,
     so ``decode_workers`` processes run it). An unusable body (:class:`OTLPRequestError`, which
-    ``accept`` refused already) decodes to an empty prepared result; never raises otherwise."""
+    ``accept`` refused already) decodes to an empty prepared result; never raises otherwise.
+    ``ahead``: also assemble the traces whole in this record (``DecodeResult.ahead``; for decode
+    processes, which take that work off the worker thread)."""
     ct = "application/json" if payload[:1] == TAG_JSON else "application/x-protobuf"
     try:
         res = decode_http(payload[1:], ct, None, limits)
     except OTLPRequestError:
         res = DecodeResult(spans=[], rejected=0, errors=[], warnings=collections.Counter())
-    return prepare(res, redactor)
+    return prepare(res, redactor, ahead=ahead)
 
 
-def prepare(res: DecodeResult, redactor: Redactor | None = None) -> DecodeResult:
+def prepare(res: DecodeResult, redactor: Redactor | None = None, *, ahead: bool = False) -> DecodeResult:
     """Redact, normalize and lay out as columns the spans of a full decode, in place; returns
     ``res``. Idempotent (a prepared result is returned unchanged)."""
     if res.columns is not None:
@@ -71,6 +74,10 @@ def prepare(res: DecodeResult, redactor: Redactor | None = None) -> DecodeResult
     res.semantics = [normalize_fast(s) for s in spans]
     res.spans = [_lean(s) for s in spans]
     res.columns = cols
+    if ahead:
+        from relyscope.trajectory.builder import assemble_ahead
+
+        res.ahead = assemble_ahead(res.spans, res.semantics)
     return res
 
 

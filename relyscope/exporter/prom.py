@@ -35,7 +35,7 @@ Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_backpressure_total{reason=spool_full|inflight_budget|backlog}``, ``relyscope_quarantine_records``, ``relyscope_quarantine_bytes``,
 ``relyscope_finalized_traces_evicted_total``, ``relyscope_finalized_cache_bytes``,
 ``relyscope_open_traces_bytes``, ``relyscope_open_traces_finalized_early_total``,
-``relyscope_inflight_bytes``. No task, trial or trace id is ever a label.
+``relyscope_traces_assembled_ahead_total``, ``relyscope_inflight_bytes``. No task, trial or trace id is ever a label.
 """
 
 from __future__ import annotations
@@ -196,6 +196,9 @@ class _ReliabilityCollector(Collector):
         yield CounterMetricFamily("relyscope_open_traces_finalized_early", "Open traces finalized before their "
                                   "timeout because the open traces reached RELYSCOPE_OPEN_TRACES_MAX_BYTES",
                                   value=p.builder.finalized_early)
+        yield CounterMetricFamily("relyscope_traces_assembled_ahead", "Trace finalizations that took the trials "
+                                  "a decode process assembled (the trace was whole in one request); the others "
+                                  "are assembled by the worker thread", value=p.builder.assembled_ahead)
         yield CounterMetricFamily("relyscope_finalized_traces_evicted", "Finalized traces evicted from the "
                                   "late-span cache (by age or by RELYSCOPE_FINALIZED_CACHE_BYTES)", value=p.builder.evicted)
         yield GaugeMetricFamily("relyscope_finalized_cache_bytes", "Estimated memory of the finalized traces kept "

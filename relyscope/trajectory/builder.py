@@ -86,13 +86,13 @@ import itertools
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import zstandard
 
 from relyscope.model import CanonicalSpan, Evaluation, Op, SpanSemantics, Step, Trial
 
-__all__ = ["TrajectoryBuilder", "assemble", "task_fingerprint", "sessions", "SUPERSEDED"]
+__all__ = ["TrajectoryBuilder", "assemble", "assemble_ahead", "task_fingerprint", "sessions", "SUPERSEDED"]
 
 #: ``Trial.status`` of a tombstone row replacing a trial that no longer exists after re-assembly.
 SUPERSEDED = "superseded"
@@ -707,6 +707,10 @@ class _Trace:
     last_bytes: int = 0  # memory when last finalized (_pack): what it counts in ``retained_bytes``
     packed: bytes | None = None  # finalized: spans and emitted trials in compact form (_pack)
     open_counted: int = 0  # what this trace adds to ``TrajectoryBuilder.open_bytes`` (0 unless open)
+    # assembled ahead (:func:`assemble_ahead`, in a decode process): (its trials, their packed
+    # form or None, spans it was made of, spans added since, estimated bytes); None once
+    # anything else touched the trace
+    ahead: list | None = None
 
 
 # A decoded span held by the builder (CanonicalSpan without attributes/events, SpanSemantics, its
@@ -744,6 +748,69 @@ _I_RESOURCE = _SPAN_PACKED.index("resource")
 # the _Trace object, its _traces and _finalized slots, the trace id key, the bytes object header
 _PACKED_TRACE_OVERHEAD = 560
 _PACKED = types.MappingProxyType({})  # spans / emitted of a packed trace: read-only, empty
+
+
+def assemble_ahead(spans: Sequence[CanonicalSpan], sems: Sequence[SpanSemantics]) -> dict[str, tuple]:
+    """What :meth:`TrajectoryBuilder._finalize` would compute for each trace of one batch if the
+    batch held the whole trace: ``{trace id: (number of its spans, trials, packed form or None)}``.
+    Pure (a decode process runs it beside the decode, off the worker thread); the builder uses an
+    entry only when, at finalization, the trace holds exactly these spans, added together in one
+    :meth:`~TrajectoryBuilder.add` and touched by nothing else (no other span, re-send, link,
+    linked evaluation, continuation or earlier trial) — then ``assemble`` (pure: the same set of
+    spans gives the same trials) would return equal trials. Only traces whose root is in the
+    batch (the others wait for it, their assembly would be wasted) and with no span link."""
+    by_trace: dict[str, dict[str, tuple[CanonicalSpan, SpanSemantics]]] = {}
+    rooted: set[str] = set()
+    linked: set[str] = set()
+    for span, sem in zip(spans, sems):
+        tid = span.trace_id
+        d = by_trace.get(tid)
+        if d is None:
+            d = by_trace[tid] = {}
+        d[span.span_id] = (span, sem)
+        if span.links:
+            linked.add(tid)
+        if _is_root_candidate(span, sem):
+            rooted.add(tid)
+    out: dict[str, tuple] = {}
+    for tid in rooted - linked:
+        d = by_trace[tid]
+        trials = assemble(tid, d, complete=True, revision=1)
+        headers = {_key(t): replace(t, steps=()) for t in trials}
+        try:
+            blob = _pack(d, headers)
+        except (TypeError, AttributeError, pickle.PicklingError, RecursionError):
+            blob = None
+        out[tid] = (len(d), _trials_out(trials), blob)
+    return out
+
+
+_TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(Trial))
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Step))
+_get_trial_all = operator.attrgetter(*_TRIAL_FIELDS)
+_get_step = operator.attrgetter(*_STEP_FIELDS)
+_I_TRIAL_STEPS = _TRIAL_FIELDS.index("steps")
+
+
+def _trials_out(trials: list[Trial]) -> list[tuple]:
+    """Trials as plain field tuples (steps too): they cross the process boundary ~4x cheaper
+    than pickled dataclasses (whose state is set field by field through ``object.__setattr__``)."""
+    out = []
+    for t in trials:
+        tv = list(_get_trial_all(t))
+        tv[_I_TRIAL_STEPS] = [_get_step(st) for st in t.steps]
+        out.append(tv)
+    return out
+
+
+def _trials_in(wire: list[tuple]) -> list[Trial]:
+    """Inverse of :func:`_trials_out` (positional constructors: the same objects)."""
+    out = []
+    for tv in wire:
+        tv = list(tv)
+        tv[_I_TRIAL_STEPS] = tuple([Step(*sv) for sv in tv[_I_TRIAL_STEPS]])
+        out.append(Trial(*tv))
+    return out
 
 
 def _evals_out(evs: tuple) -> tuple:
@@ -876,6 +943,7 @@ class TrajectoryBuilder:
         self._finalized: OrderedDict[str, float] = OrderedDict()  # trace id -> finalized_at
         self._evicted: OrderedDict[str, float] = OrderedDict()  # trace id -> evicted at
         self.replaced = 0  # spans that replaced a different span with the same ids
+        self.assembled_ahead = 0  # finalizations that took the trials of assemble_ahead
         # D03: a run continued in a new trace tied back by a span link is assembled with the run
         # it continues: continuation trace id -> (buffer trace id, linked span id, root span id)
         self._alias: dict[str, tuple[str, str, str]] = {}
@@ -932,12 +1000,15 @@ class TrajectoryBuilder:
         if packed:
             self._repack(trace_id, tr)
 
-    def add(self, items: Iterable[tuple[CanonicalSpan, SpanSemantics]], now: float) -> int:
+    def add(self, items: Iterable[tuple[CanonicalSpan, SpanSemantics]], now: float,
+            ahead: Mapping[str, tuple] | None = None) -> int:
         """Buffer spans (any order, any batching). Returns the number of new spans (not exact
-        re-sends). O(1) dict operations per span; nothing is assembled here."""
+        re-sends). O(1) dict operations per span; nothing is assembled here. ``ahead``:
+        :func:`assemble_ahead` of exactly these items, used at finalization where it still holds."""
         new = 0
         touched: dict[str, _Trace] = {}
         thawed: dict[str, _Trace] = {}  # packed traces unpacked to compare re-sends
+        created: set[str] = set()  # traces this call began (the only ones ``ahead`` may describe)
         for span, sem in items:
             # keep only what assembly reads: attributes and events (prompts, messages: most of a
             # span's memory) are already in ``sem`` and in the store
@@ -961,6 +1032,13 @@ class TrajectoryBuilder:
                     new += 1
                     continue
                 tr = self._traces[tid] = _Trace()
+                created.add(tid)
+                if ahead is not None and al is None:
+                    a = ahead.get(tid)
+                    if a is not None:
+                        tr.ahead = [a[1], a[2], a[0], 0, 0]
+            if tr.ahead is not None and (tid not in created or al is not None):
+                self._drop_ahead(tr)  # another batch, a continuation: assembled here after all
             if tr.packed is not None and tid not in thawed:
                 self._thaw(tr)
                 thawed[tid] = tr
@@ -975,7 +1053,14 @@ class TrajectoryBuilder:
                 tr.root_candidates += 1
             if old is not None:
                 tr.bytes -= _span_bytes(*old)
-            tr.bytes += _span_bytes(span, sem)
+                if tr.ahead is not None:
+                    self._drop_ahead(tr)
+            b = _span_bytes(span, sem)
+            tr.bytes += b
+            if tr.ahead is not None:  # its trials hold about what the spans do: counted as much
+                tr.ahead[3] += 1
+                tr.ahead[4] += b
+                tr.bytes += b
             tr.spans[span.span_id] = (span, sem)
             touched[tid] = tr
             new += 1
@@ -1150,9 +1235,18 @@ class TrajectoryBuilder:
         if tr.packed is not None:  # defensive: every path that touches a trace unpacks it
             self._thaw(tr)
             tr.packed = None
-        # completeness is structural: a trial is incomplete when its root is missing (virtual root)
-        trials = assemble(tid, tr.spans, complete=True, revision=tr.revision,
-                          linked_evaluations=self._linked(tid))
+        ahead, linked = tr.ahead, self._linked(tid)
+        if ahead is not None:
+            self._drop_ahead(tr)
+            if not (ahead[2] == ahead[3] == len(tr.spans) and tr.revision == 1 and not tr.emitted
+                    and linked is None and tid not in self._aliased_by):
+                ahead = None
+        if ahead is not None:  # what assemble would return for this very set of spans
+            trials = _trials_in(ahead[0])
+            self.assembled_ahead += 1
+        else:
+            # completeness is structural: a trial is incomplete when its root is missing (virtual root)
+            trials = assemble(tid, tr.spans, complete=True, revision=tr.revision, linked_evaluations=linked)
         emitted = {_key(t): t for t in trials}
         tombstones = [
             replace(old, status=SUPERSEDED, steps=(), flags=frozenset({SUPERSEDED}), revision=tr.revision)
@@ -1160,9 +1254,19 @@ class TrajectoryBuilder:
         ]
         # kept for late spans: trial headers only (tombstones never read steps), all packed
         tr.emitted = {k: replace(t, steps=()) for k, t in emitted.items()}
-        self._pack_trace(tr)
+        if ahead is not None and ahead[1] is not None:  # packed ahead too: the same spans and headers
+            tr.packed = ahead[1]
+            tr.spans, tr.emitted = _PACKED, _PACKED
+            tr.last_bytes = sys.getsizeof(ahead[1]) + _PACKED_TRACE_OVERHEAD
+        else:
+            self._pack_trace(tr)
         self.retained_bytes += tr.last_bytes
         return trials + tombstones
+
+    def _drop_ahead(self, tr: _Trace) -> None:
+        """Forget a trace's assembly made ahead (and the memory counted for it)."""
+        tr.bytes -= tr.ahead[4]
+        tr.ahead = None
 
     def _pack_trace(self, tr: _Trace) -> None:
         """Replace a finalized trace's decoded spans and trials by their compact form; set

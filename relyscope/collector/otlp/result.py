@@ -160,6 +160,8 @@ class DecodeResult:
             lean: no attributes or events).
         columns: None, or (prepared) the ``otel_traces`` rows of the full spans as a
             :class:`relyscope.store.clickhouse.SpanColumns`. Both pickle.
+        ahead: None, or (prepared in a decode process) the trials of the traces whole in this
+            batch, assembled there (:func:`relyscope.trajectory.builder.assemble_ahead`).
     """
 
     spans: list[CanonicalSpan] = field(default_factory=list)
@@ -171,6 +173,7 @@ class DecodeResult:
     attributes_dropped: int = 0
     semantics: list | None = None
     columns: Any = None
+    ahead: dict | None = None
 
     def __reduce__(self):
         # a decode worker process sends prepared batches back: spans and semantics as plain tuples
@@ -180,7 +183,7 @@ class DecodeResult:
             [_SPAN_GET(s) for s in self.spans],
             None if self.semantics is None else [_SEM_GET(x) for x in self.semantics],
             self.rejected, self.errors, self.warnings, self.rejected_by_reason, self.repaired,
-            self.attributes_dropped, self.columns))
+            self.attributes_dropped, self.columns, self.ahead))
 
     def error_message(self) -> str:
         """Reasons joined by ``"; "`` (the first 10, then ``"… and N more"``), then the repairs
@@ -192,10 +195,10 @@ _SPAN_GET = operator.attrgetter(*(f.name for f in dataclasses.fields(CanonicalSp
 _SEM_GET = operator.attrgetter(*(f.name for f in dataclasses.fields(SpanSemantics)))
 
 
-def _rebuild_result(spans, sems, rejected, errors, warnings, by_reason, repaired, dropped, columns):
+def _rebuild_result(spans, sems, rejected, errors, warnings, by_reason, repaired, dropped, columns, ahead=None):
     """Inverse of :meth:`DecodeResult.__reduce__`."""
     return DecodeResult([CanonicalSpan(*t) for t in spans], rejected, errors, warnings, by_reason, repaired,
-                        dropped, None if sems is None else [SpanSemantics(*t) for t in sems], columns)
+                        dropped, None if sems is None else [SpanSemantics(*t) for t in sems], columns, ahead)
 
 
 def _join_errors(errors: Any) -> str:
