@@ -309,10 +309,9 @@ class Settings(BaseSettings):
     @field_validator("store")
     @classmethod
     def _dsn(cls, v: str) -> str:
-        if not v.startswith(("chdb://", "http://", "https://")):
-            raise ValueError(f"unrecognised store DSN {v!r}: use chdb:///path (embedded), chdb://memory, "
-                             "or http(s)://user:password@host:8123/database")
-        return v
+        from relyscope.store.clickhouse import check_dsn
+
+        return check_dsn(v)  # its message never shows the DSN's user or password
 
     @field_validator("redact_allow")
     @classmethod

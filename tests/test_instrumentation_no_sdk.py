@@ -61,3 +61,31 @@ def test_configure_names_the_variables_of_an_inconsistent_batch_setting(monkeypa
         configure("http://127.0.0.1:9", protocol="http/protobuf")
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10")
     configure("http://127.0.0.1:9", protocol="http/protobuf").shutdown()  # consistent: accepted
+
+
+@pytest.mark.parametrize("env, names, not_named", [
+    # each SDK refusal names the variable it was read from (not the batch/queue advice of another)
+    ({"OTEL_BSP_SCHEDULE_DELAY": "0"}, ["OTEL_BSP_SCHEDULE_DELAY (now '0')", "milliseconds"],
+     ["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"]),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, ["OTEL_BSP_MAX_QUEUE_SIZE (now '0')", "positive integer"],
+     ["at most"]),
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "0", "OTEL_BSP_SCHEDULE_DELAY": "10"},
+     ["OTEL_BSP_MAX_EXPORT_BATCH_SIZE (now '0')", "also set: OTEL_BSP_SCHEDULE_DELAY (now '10')"],
+     ["QUEUE"]),
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096"},  # the SDK's default queue is 2048
+     ["OTEL_BSP_MAX_EXPORT_BATCH_SIZE (now '4096') at most OTEL_BSP_MAX_QUEUE_SIZE (now unset: 2048)"], []),
+])
+def test_configure_names_the_variable_each_refusal_is_about(monkeypatch, env, names, not_named):
+    from relyscope.instrumentation import configure
+
+    for k in ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+              "OTEL_BSP_EXPORT_TIMEOUT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError) as e:
+        configure("http://127.0.0.1:9", protocol="http/protobuf")
+    for n in names:
+        assert n in str(e.value)
+    for n in not_named:
+        assert n not in str(e.value)

@@ -93,6 +93,15 @@ def _settings(**overrides):
         raise typer.Exit(2) from None
 
 
+def _is_secret(field: str) -> bool:
+    """Whether the Settings field ``field`` holds a secret (a ``SecretStr``: the bearer token, the
+    redaction key), whose value an error message must not repeat."""
+    from relyscope.config import Settings
+
+    info = Settings.model_fields.get(field)
+    return info is not None and "SecretStr" in str(info.annotation)
+
+
 def _setting_source(error: dict, overrides: dict) -> str:
     """Where the bad value of a Settings validation error came from, as the user set it: the
     command-line option (``--name``, field ``name``) when one was passed, else the environment
@@ -103,6 +112,12 @@ def _setting_source(error: dict, overrides: dict) -> str:
     field = loc[0]
     given = error.get("input")
     shown = "" if given is None or isinstance(given, dict) else f"={str(given)[:60]!r}"
+    if field == "store" and isinstance(given, str):  # a server DSN may hold a password
+        from relyscope.store.clickhouse import display_dsn
+
+        shown = f"={display_dsn(given)[:60]!r}"
+    elif _is_secret(field):
+        shown = " (value not shown)"
     if overrides.get(field) is not None:
         return f"command-line option for {field}{shown}"
     name = "RELYSCOPE_" + field.upper() + "".join(f"__{p.upper()}" for p in loc[1:])

@@ -26,12 +26,12 @@ _err = Console(stderr=True)
 
 
 def _dir(spool_dir: Optional[str], store: Optional[str]) -> str:
+    from relyscope.cli.main import _settings  # its errors say which setting to change (no traceback)
     from relyscope.collector.quarantine import quarantine_dir
-    from relyscope.config import Settings
     from relyscope.pipeline import default_spool_dir
     from relyscope.store import resolve_dsn
 
-    s = Settings(**{k: v for k, v in {"spool_dir": spool_dir, "store": store}.items() if v is not None})
+    s = _settings(spool_dir=spool_dir, store=store)
     return quarantine_dir(s.spool_dir or default_spool_dir(resolve_dsn(s.store)))
 
 

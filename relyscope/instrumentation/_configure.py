@@ -65,7 +65,8 @@ def configure(
     ``use_tracer_provider(tp)``, or pass ``set_global=True``.
 
     Raises ValueError for an unknown ``protocol``, or for ``OTEL_BSP_*`` variables the SDK's
-    ``BatchSpanProcessor`` refuses (an export batch larger than the queue), naming them.
+    ``BatchSpanProcessor`` refuses (a queue, batch or delay not positive, a batch larger than the
+    queue), naming the variable to change and its value.
     """
     if protocol is None:
         import os
@@ -92,17 +93,45 @@ def configure(
     try:
         processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
     except ValueError as e:  # the SDK's own check of its OTEL_BSP_* variables, which it reads here
-        import os
-
-        raise ValueError(
-            f"the OTel SDK refused its batch settings ({e}): set OTEL_BSP_MAX_EXPORT_BATCH_SIZE "
-            f"(now {os.environ.get('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', 'unset: 512')}) at most "
-            f"OTEL_BSP_MAX_QUEUE_SIZE (now {os.environ.get('OTEL_BSP_MAX_QUEUE_SIZE', 'unset: 2048')}), "
-            f"or pass batch=False") from e
+        raise ValueError(_bsp_refusal(str(e))) from e
     provider.add_span_processor(processor)
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+#: the SDK's ``BatchSpanProcessor`` argument named in its refusal → the variable it was read from
+#: and what that variable must be (opentelemetry-sdk ``trace/export/__init__.py``, its checks)
+_BSP_VARS = (("max_export_batch_size must be less", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+              "at most OTEL_BSP_MAX_QUEUE_SIZE"),
+             ("max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", "a positive integer"),
+             ("max_export_batch_size", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "a positive integer"),
+             ("schedule_delay_millis", "OTEL_BSP_SCHEDULE_DELAY", "a positive number of milliseconds"),
+             ("export_timeout_millis", "OTEL_BSP_EXPORT_TIMEOUT", "a positive number of milliseconds"))
+_BSP_DEFAULTS = {"OTEL_BSP_MAX_QUEUE_SIZE": "2048", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512",
+                 "OTEL_BSP_SCHEDULE_DELAY": "5000", "OTEL_BSP_EXPORT_TIMEOUT": "30000"}
+
+
+def _bsp_refusal(sdk_message: str) -> str:
+    """What to change when the SDK's ``BatchSpanProcessor`` refuses its settings
+    (``sdk_message``): the variable that argument is read from and what it must be, with its value
+    and those of the other ``OTEL_BSP_*`` variables set (an unset one shows the SDK's default)."""
+    import os
+
+    def now(name: str) -> str:
+        return f"{name} (now {os.environ[name]!r})" if name in os.environ else \
+            f"{name} (now unset: {_BSP_DEFAULTS[name]})"
+
+    for arg, name, must in _BSP_VARS:
+        if sdk_message.startswith(arg):
+            if must.startswith("at most"):  # the one check of two variables: either may change
+                fix = f"set {now(name)} at most {now('OTEL_BSP_MAX_QUEUE_SIZE')}"
+            else:
+                others = [now(n) for n in _BSP_DEFAULTS if n != name and n in os.environ]
+                fix = f"set {now(name)} to {must}" + (f" (also set: {', '.join(others)})" if others else "")
+            return f"the OTel SDK refused its batch settings ({sdk_message}): {fix}, or pass batch=False"
+    set_vars = ", ".join(now(n) for n in _BSP_DEFAULTS if n in os.environ) or "no OTEL_BSP_* variable set"
+    return f"the OTel SDK refused its batch settings ({sdk_message}; {set_vars}), or pass batch=False"
 
 
 def otlp_exporter(endpoint: str | None, protocol: Literal["grpc", "http/protobuf"],

@@ -48,7 +48,7 @@ import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Final, Iterable, Sequence
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlparse
 
 import clickhouse_connect
 import orjson
@@ -97,19 +97,69 @@ def chdb_path(dsn: str) -> str | None:
     return None
 
 
+#: query parameters of a server DSN whose value may be a secret (clickhouse-connect takes query
+#: parameters as connection arguments, ``?access_token=…`` among them): masked by :func:`display_dsn`
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|auth|cred", re.IGNORECASE)
+
+
 def display_dsn(dsn: str) -> str:
     """A DSN fit for a log line or an API answer: a ``chdb://`` path made absolute (as
-    :func:`chdb_path`; a relative one says nothing once the process has moved on), the user and
-    password of a server DSN left out (``http://user:pass@host:8123/db`` → ``http://host:8123/db``).
-    Never raises."""
+    :func:`chdb_path`; a relative one says nothing once the process has moved on); of a server DSN
+    the user and password left out, the value of a secret query parameter masked and any fragment
+    dropped (``http://user:pass@host:8123/db?password=x&secure=1`` →
+    ``http://host:8123/db?password=***&secure=1``). Never raises."""
     path = chdb_path(dsn)
     if path is not None:
         return "chdb://" + path
     scheme, sep, rest = dsn.partition("://")
-    # everything up to the last "@": a password may itself hold "/" or "@" unescaped (a path or
-    # query holding "@" loses its head here, which is the safe side)
-    rest = rest.rsplit("@", 1)[-1]
-    return f"{scheme}{sep}{rest}"
+    if not sep:  # not a URL at all: nothing in it can be told apart from a secret
+        return "<store DSN not shown: not scheme://…>"
+    # everything up to the last "@": a password may itself hold "/", "?", "#" or "@" unescaped
+    # (a path or query holding "@" loses its head here, which is the safe side)
+    rest = rest.rsplit("@", 1)[-1].split("#", 1)[0]
+    base, q, query = rest.partition("?")
+    if q:
+        pairs = []
+        for pair in query.split("&"):
+            k, eq, _v = pair.partition("=")
+            pairs.append(f"{k}=***" if eq and _SECRET_PARAM.search(k) else pair)
+        base = f"{base}?{'&'.join(pairs)}"
+    return f"{scheme.lower()}{sep}{base}"
+
+
+def check_dsn(dsn: str) -> str:
+    """``dsn`` checked before anything opens it, the scheme lower-cased (``HTTP://`` →
+    ``http://``): ``chdb://…`` (embedded) or ``http(s)://[user[:password]@]host[:port][/database]``.
+    Raises ValueError saying what to change; the message shows the DSN only as
+    :func:`display_dsn` does (never its user or password). A user or password holding ``/``, ``?``
+    or ``#`` must be percent-encoded (``%2F``, ``%3F``, ``%23``; clickhouse-connect decodes them):
+    unescaped, the URL's host would end inside the password, and the driver's own error would
+    quote a piece of it."""
+    scheme, sep, rest = dsn.partition("://")
+    scheme = scheme.lower()
+    shown = display_dsn(dsn)
+    if not sep or scheme not in ("chdb", "http", "https"):
+        raise ValueError(f"unrecognised store DSN {shown}: use chdb:///path (embedded), chdb://memory, "
+                         "or http(s)://user:password@host:8123/database")
+    dsn = f"{scheme}://{rest}"
+    if scheme == "chdb":
+        return dsn
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" not in authority and "@" in rest:
+        raise ValueError(f"store DSN {shown}: the user or password holds '/', '?' or '#' unescaped, so the "
+                         "host would be read from inside it; percent-encode them (/ → %2F, ? → %3F, # → %23)")
+    parsed = urlparse(dsn)
+    if any(k.lower() == "password" for k, _v in parse_qsl(parsed.query, keep_blank_values=True)):
+        # clickhouse-connect passes it twice (HttpClient: "multiple values for argument 'password'")
+        raise ValueError(f"store DSN {shown}: give the password as http(s)://user:password@host…, not "
+                         "as ?password= (percent-encode what it holds of / ? # @ : %)")
+    try:
+        parsed.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ValueError(f"store DSN {shown}: the port is not a number from 0 to 65535") from None
+    if not parsed.hostname:
+        raise ValueError(f"store DSN {shown}: no host (http(s)://user:password@host:8123/database)")
+    return dsn
 
 
 def resolve_dsn(dsn: str) -> str:
@@ -451,14 +501,15 @@ def _steps_from_json(text: str) -> tuple[Step, ...]:
 class Store:
     """ClickHouse access for relyscope. Thread-safe (one lock around the client).
 
-    Raises :class:`StoreUnavailable` (retryable) when the server cannot be reached or a write fails.
+    Raises :class:`StoreUnavailable` (retryable) when the server cannot be reached or a write fails,
+    ValueError (at construction) on a DSN :func:`check_dsn` refuses.
     ``lazy=True`` (the sidecar): a ClickHouse *server* that is down at start is connected on first
     use instead of failing the start; an embedded (chDB) store always opens at once.
     """
 
     def __init__(self, dsn: str, *, database: str = "relyscope", fault_file: str | None = None,
                  lazy: bool = False, retention: "Retention | None" = None):
-        self.dsn = resolve_dsn(dsn)
+        self.dsn = resolve_dsn(check_dsn(dsn))  # ValueError on a DSN that cannot be opened as given
         #: :class:`relyscope.store.schema.Retention` applied to the store's tables at every
         #: (re)connect; None (one-off CLI reads): existing TTLs are left as they are
         self.retention = retention
