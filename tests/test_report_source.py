@@ -181,3 +181,56 @@ def test_api_pointed_at_the_otlp_port_says_so(two_stores, cmd):
     assert r.returncode == 1
     msg = " ".join(r.stderr.split())
     assert "not a relyscope management API" in msg and "RELYSCOPE_API" in msg, r.stderr
+
+
+@pytest.mark.parametrize("cmd", [("report", "--n-boot", "0"), ("history", "success_rate")])
+def test_api_pointed_at_the_grpc_port_says_so(two_stores, cmd):
+    """Bug: ``--api`` given the OTLP/gRPC receiver's address (HTTP/2 only) was taken for "no
+    sidecar answers", and ``report`` went on to read the local store instead."""
+    sc, _ = two_stores
+    r = _cli(*cmd, "--api", f"http://127.0.0.1:{sc.grpc_port}")
+    msg = " ".join(r.stderr.split())
+    assert r.returncode == 1 and "does not answer HTTP/1.1" in msg and "RELYSCOPE_API" in msg, r.stderr
+    assert "reading" not in msg and "no sidecar" not in msg
+
+
+@pytest.mark.parametrize("body, ctype", [(b"<html><body>hello</body></html>", "text/html"),
+                                         (b'{"foo": 1}', "application/json"),
+                                         (b'[1, 2]', "application/json")])
+@pytest.mark.parametrize("cmd", [("report", "--n-boot", "0"), ("history", "success_rate"), ("shadow", "list"),
+                                 ("shadow", "samples"), ("shadow", "show", "abc"), ("shadow", "start", "--last", "1"),
+                                 ("gate", "--baseline", "v1", "--candidate", "v2")])
+def test_api_pointed_at_another_web_server_says_so(cmd, body, ctype):
+    """Bug: a web server answering 200 with HTML gave a JSONDecodeError traceback, one answering
+    other JSON was taken for a report (TypeError) or printed as an empty one."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET  # noqa: N815 - shadow start, gate
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        fmt = ("--format", "json") if cmd[0] in ("report", "history", "gate") else ()
+        r = _cli(*cmd, *fmt, "--api", f"http://127.0.0.1:{srv.server_address[1]}")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=30)
+    msg = " ".join(r.stderr.split())
+    # report / history exit 1 (no report), shadow and gate 2 (error: gate's 1 is "block")
+    assert r.returncode == (1 if cmd[0] in ("report", "history") else 2), r.stderr
+    assert "not a relyscope management API" in msg, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""

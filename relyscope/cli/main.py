@@ -220,6 +220,8 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
     try:
         r = httpx.get(api.rstrip("/") + "/api/v1/report", headers=headers, timeout=30,
                       params={"window": window} if window else None)
+    except httpx.ProtocolError as e:  # something listens there, but does not speak HTTP/1.1
+        _not_http(api, e)
     except httpx.TransportError:
         return None
     if r.status_code == 401:
@@ -232,20 +234,47 @@ def _fetch_report(api: str, token: Optional[str], window: Optional[str] = None) 
         raise typer.Exit(2)
     if r.status_code != 200:
         _answered(api, r)
-    return r.json()
+    return _body_of(api, r, "groups")
+
+
+_PASS_API = f"Pass the sidecar's API address (its RELYSCOPE_API, default {DEFAULT_API}) to --api."
 
 
 def _answered(api: str, r) -> None:
     """Print what a sidecar's API answered other than 200 and exit 1; a 404 on a known API path
-    means the URL is not a relyscope management API (an OTLP receiver, a wrong port)."""
+    means the URL is not a relyscope management API (an OTLP/HTTP receiver, a wrong port)."""
     from rich.markup import escape
 
     if r.status_code == 404 and "/api/v1/" in str(r.request.url):
         err.print(f"[red]{escape(api)} has no {escape(r.request.url.path)} (404):[/red] it is not a relyscope "
-                  f"management API — the OTLP receivers (:4317, :4318) answer 404 here. Pass the sidecar's "
-                  f"API address (its RELYSCOPE_API, default {DEFAULT_API}) to --api.")
+                  f"management API — the OTLP/HTTP receiver (:4318) answers 404 here. {_PASS_API}")
     else:
         err.print(f"[red]the sidecar at {escape(api)} answered {r.status_code}:[/red] {escape(r.text[:300])}")
+    raise typer.Exit(1)
+
+
+def _body_of(api: str, r, key: str) -> dict:
+    """The JSON object of a 200 answer of a relyscope API, which holds the list ``key``
+    (``groups`` of a report, ``points`` of a history); exit 1 naming what answered otherwise —
+    another web server at that address answers 200 with HTML or some other JSON."""
+    from rich.markup import escape
+
+    d = _json_or_none(r)
+    if d is not None and isinstance(d.get(key), list):
+        return d
+    what = "JSON without a list " + repr(key) if d is not None else f"{r.headers.get('content-type', 'no content type')}"
+    err.print(f"[red]{escape(api)} answered {escape(r.request.url.path)} with {escape(what)}:[/red] it is not a "
+              f"relyscope management API ({escape(r.text[:120])!r}). {_PASS_API}")
+    raise typer.Exit(1)
+
+
+def _not_http(api: str, e: Exception) -> None:
+    """Exit 1: something listens at ``api`` but does not answer HTTP/1.1 (an OTLP/gRPC receiver,
+    :4317, speaks HTTP/2 only)."""
+    from rich.markup import escape
+
+    err.print(f"[red]{escape(api)} does not answer HTTP/1.1[/red] ({escape(str(e))}): it is not a relyscope "
+              f"management API — an OTLP/gRPC receiver (:4317) answers so. {_PASS_API}")
     raise typer.Exit(1)
 
 
@@ -443,6 +472,8 @@ def history(
                                 "run_kind": run_kind}.items() if v is not None}
     try:
         r = httpx.get(api.rstrip("/") + "/api/v1/history", params=params, headers=headers, timeout=60)
+    except httpx.ProtocolError as e:
+        _not_http(api, e)
     except httpx.TransportError:
         err.print(f"[red]no sidecar answers at {api}[/red] (start `relyscope serve` or pass --api URL)")
         raise typer.Exit(1) from None
@@ -459,7 +490,7 @@ def history(
             raise typer.Exit(2)
     if r.status_code != 200:
         _answered(api, r)
-    data = r.json()
+    data = _body_of(api, r, "points")
     if format.value == "json":
         print(json.dumps(data, indent=2))
         return

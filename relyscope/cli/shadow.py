@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 shadow_app = typer.Typer(no_args_is_help=True, help="Shadow replays of sampled production tasks.")
@@ -26,20 +27,41 @@ def _cli():
     return m
 
 
-def _call(method: str, api: str, path: str, token: Optional[str], **kw):
-    """One API call; exits 2 with a message on transport errors, 401 and 5xx."""
+def _call(method: str, api: str, path: str, token: Optional[str], expect: tuple[str, ...] = (), **kw):
+    """One API call; exits 2 with a message on transport errors, 401, and on an answer that is not
+    the relyscope API's: a 200 that is no JSON object or lacks a key of ``expect``, a 404 of a
+    route the API does not have."""
     import httpx
 
     m = _cli()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx.request(method, api.rstrip("/") + path, headers=headers, timeout=kw.pop("timeout", 60), **kw)
+    except httpx.ProtocolError as e:  # something listens, but not HTTP/1.1 (an OTLP/gRPC receiver)
+        m.err.print(f"[red]{escape(api)} does not answer HTTP/1.1[/red] ({escape(str(e))}): it is not a "
+                    f"relyscope management API. {m._PASS_API}")
+        raise typer.Exit(2) from None
     except httpx.TransportError as e:
         m.err.print(f"[red]no sidecar answers at {api}:[/red] {e} (start `relyscope serve`, or pass --api URL)")
         raise typer.Exit(2) from None
     if r.status_code == 401:
         m.err.print(f"[red]the sidecar at {api} refused the request:[/red] "
                     + ("the token was refused" if token else "a bearer token is required (--token or RELYSCOPE_AUTH_TOKEN)"))
+        raise typer.Exit(2)
+    body = m._json_or_none(r)
+    # the API's own 404s name what is missing; a route it does not have (another server, the
+    # OTLP/HTTP receiver) answers FastAPI's bare "Not Found" or no JSON at all
+    foreign = (r.status_code == 200 and (body is None or any(k not in body for k in expect))) or \
+        (r.status_code == 404 and (body is None or body.get("detail") == "Not Found"))
+    if foreign:
+        if body is not None:
+            what = f"JSON without {', '.join(repr(k) for k in expect if k not in body)}"
+        elif r.status_code == 200 and "json" in r.headers.get("content-type", ""):
+            what = "JSON that is not an object"
+        else:
+            what = f"{r.status_code} {r.headers.get('content-type', 'no content type')}"
+        m.err.print(f"[red]{escape(api)} answered {escape(path)} with {escape(what)}:[/red] it is not a relyscope "
+                    f"management API ({escape(r.text[:120])!r}). {m._PASS_API}")
         raise typer.Exit(2)
     return r
 
@@ -51,9 +73,10 @@ def _n(n: int, noun: str) -> str:
 
 def _detail(r) -> str:
     try:
-        d = r.json().get("detail")
+        d = r.json()
     except ValueError:
         return r.text[:300]
+    d = d.get("detail") if isinstance(d, dict) else d
     if isinstance(d, list):  # pydantic errors
         return "; ".join(f"{'.'.join(map(str, x.get('loc', [])[1:]))}: {x.get('msg')}" for x in d)
     return str(d)
@@ -69,12 +92,12 @@ def list_(status: Optional[str] = typer.Option(None, help="only replays with thi
           api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """List replays, newest first, with the shadow state above."""
     m = _cli()
-    st = _call("GET", api, "/api/v1/shadow", token)
+    st = _call("GET", api, "/api/v1/shadow", token, expect=("paused", "targets"))
     if st.status_code != 200:
         m.err.print(f"[red]{_detail(st)}[/red]")
         raise typer.Exit(2)
     params = {"limit": limit, **({"status": status} if status else {})}
-    r = _call("GET", api, "/api/v1/shadow/replays", token, params=params)
+    r = _call("GET", api, "/api/v1/shadow/replays", token, ("replays",), params=params)
     if r.status_code != 200:
         m.err.print(f"[red]{_detail(r)}[/red]")
         raise typer.Exit(2)
@@ -106,7 +129,7 @@ def show(replay_id: str, api: str = _API, token: Optional[str] = _TOKEN) -> None
     REPLAY_ID may be a prefix of one replay id (as `shadow list` prints them); exit 1 when no
     replay id starts with it, 2 when several do (they are listed)."""
     m = _cli()
-    r = _call("GET", api, f"/api/v1/shadow/replays/{replay_id}", token)
+    r = _call("GET", api, f"/api/v1/shadow/replays/{replay_id}", token, ("replay_id", "calls"))
     if r.status_code != 200:  # 404 none, 409 an ambiguous prefix (with its candidates): ids unbroken
         from rich.markup import escape
 
@@ -155,7 +178,7 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     body: dict = {"trial_ids": trial} if trial else {"last": last}
     if again:
         body["again"] = True
-    r = _call("POST", api, "/api/v1/shadow/replays", token, json=body)
+    r = _call("POST", api, "/api/v1/shadow/replays", token, ("replay_ids",), json=body)
     if r.status_code != 200:
         m.err.print(f"[red]{_detail(r)}[/red]")
         raise typer.Exit(2)
@@ -178,7 +201,7 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
         m.err.print(f"new experiment: judge only it with `relyscope gate … --since "
                     f"{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}`", soft_wrap=True)
     if ids:
-        state = _call("GET", api, "/api/v1/shadow", token)
+        state = _call("GET", api, "/api/v1/shadow", token, expect=("paused", "targets"))
         if state.status_code == 200 and state.json().get("paused"):
             # a paused sidecar dispatches nothing: waiting would only run out the timeout
             m.err.print("[yellow]shadow dispatch is paused on this sidecar (`relyscope shadow pause` or "
@@ -192,7 +215,7 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     with m._progress() as prog:
         task = prog.add_task("replaying", total=len(ids))
         while True:
-            st = _call("POST", api, "/api/v1/shadow/status", token, json={"replay_ids": ids}).json()["by_status"]
+            st = _call("POST", api, "/api/v1/shadow/status", token, ("by_status",), json={"replay_ids": ids}).json()["by_status"]
             open_ = st.get("scheduled", 0) + st.get("running", 0)
             prog.update(task, completed=len(ids) - open_)
             if not open_:
@@ -238,7 +261,7 @@ def samples(decision: Optional[str] = typer.Option(None), limit: int = typer.Opt
             api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """Sample decisions with their reasons (sampled, sampled_out, not_replayable, over_cap, manual)."""
     m = _cli()
-    r = _call("GET", api, "/api/v1/shadow/samples", token, params={"limit": limit, **({"decision": decision} if decision else {})})
+    r = _call("GET", api, "/api/v1/shadow/samples", token, ("samples",), params={"limit": limit, **({"decision": decision} if decision else {})})
     t = Table(title="sample decisions")
     for c in ("trial", "agent", "version", "task", "decision", "reason"):
         t.add_column(c)
@@ -290,7 +313,7 @@ def gate(baseline: str = typer.Option(..., "--baseline", help="the version in pr
             m.err.print(f"[red]{e}[/red]")
             raise typer.Exit(2) from None
         body["policy"] = data if data is not None else {}
-    r = _call("POST", api, "/api/v1/gate", token, json=body, timeout=300)
+    r = _call("POST", api, "/api/v1/gate", token, ("verdict",), json=body, timeout=300)
     if r.status_code != 200:
         m.err.print(f"[red]gate error ({r.status_code}):[/red] {_detail(r)}")
         raise typer.Exit(2)
