@@ -8,6 +8,7 @@ stops it by PID. Used by the test suite and the benchmarks. The sidecar's stderr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,10 +19,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
-__all__ = ["OffsetClock", "SidecarProc", "free_ports", "start_sidecar", "wait_for_replays", "RELYSCOPE_BIN"]
+__all__ = ["OffsetClock", "SidecarProc", "free_ports", "http_stub", "start_sidecar", "wait_for_replays",
+           "RELYSCOPE_BIN"]
 
 RELYSCOPE_BIN = Path(sys.executable).parent / "relyscope"
 
@@ -39,6 +42,25 @@ class OffsetClock:
 
     def __getattr__(self, name):
         return getattr(time, name)
+
+
+@contextlib.contextmanager
+def http_stub(handler: type) -> Iterator[int]:
+    """A stdlib HTTP server on 127.0.0.1 (a free port) answering with ``handler`` (an
+    ``http.server.BaseHTTPRequestHandler`` subclass) from its own thread; yields the port, and is
+    shut down and closed on exit."""
+    import http.server
+    import threading
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=30)
 
 
 def free_ports(n: int = 1) -> list[int]:

@@ -12,7 +12,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -34,6 +33,7 @@ from relyscope.instrumentation import (
     use_tracer_provider,
 )
 from relyscope.instrumentation.otlp_json import OTLPJsonFileExporter
+from relyscope.testing import http_stub
 
 
 @pytest.fixture
@@ -561,11 +561,7 @@ def test_configure_http_protobuf_sends_to_loopback_endpoint(monkeypatch):
         def log_message(self, *args):
             pass
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        port = server.server_address[1]
+    with http_stub(Handler) as port:
         tp = configure(
             f"http://127.0.0.1:{port}",
             protocol="http/protobuf",
@@ -576,10 +572,6 @@ def test_configure_http_protobuf_sends_to_loopback_endpoint(monkeypatch):
         with agent_run("h", task_id="t1", tracer_provider=tp):
             pass
         tp.shutdown()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
     assert len(received) == 1
     path, body, token = received[0]
     assert path == "/v1/traces"

@@ -16,7 +16,7 @@ import subprocess
 import httpx
 import pytest
 
-from relyscope.testing import RELYSCOPE_BIN, start_sidecar
+from relyscope.testing import RELYSCOPE_BIN, http_stub, start_sidecar
 
 
 def _env() -> dict:
@@ -204,7 +204,6 @@ def test_api_pointed_at_another_web_server_says_so(cmd, body, ctype):
     """Bug: a web server answering 200 with HTML gave a JSONDecodeError traceback, one answering
     other JSON was taken for a report (TypeError) or printed as an empty one."""
     import http.server
-    import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the stdlib's name
@@ -219,16 +218,9 @@ def test_api_pointed_at_another_web_server_says_so(cmd, body, ctype):
         def log_message(self, *a):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        fmt = ("--format", "json") if cmd[0] in ("report", "history", "gate") else ()
-        r = _cli(*cmd, *fmt, "--api", f"http://127.0.0.1:{srv.server_address[1]}")
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(timeout=30)
+    fmt = ("--format", "json") if cmd[0] in ("report", "history", "gate") else ()
+    with http_stub(Handler) as port:
+        r = _cli(*cmd, *fmt, "--api", f"http://127.0.0.1:{port}")
     msg = " ".join(r.stderr.split())
     # report / history exit 1 (no report), shadow and gate 2 (error: gate's 1 is "block")
     assert r.returncode == (1 if cmd[0] in ("report", "history") else 2), r.stderr
