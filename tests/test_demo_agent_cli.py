@@ -103,3 +103,35 @@ def test_the_shells_otel_variables_neither_break_nor_fool_it(sidecar_factory):
     # a sampler that records nothing: not "0 acknowledged, 0 not" and exit 0
     r = _run("--endpoint", sc.otlp_grpc, env={"OTEL_TRACES_SAMPLER": "always_off"})
     assert r.returncode == 1 and "no span was recorded" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_stops_sending_and_says_how_much_got_through(sidecar_factory):
+    # bugs: Ctrl-C ended the command with exit 130 and not a word, so the operator could not tell
+    # how many runs reached the sidecar; and a Ctrl-C inside a flush (which exports in the main
+    # thread) lost the batch it had taken off the SDK's queue (~1 run in 2: 140-190 spans)
+    import os
+    import signal
+    import time
+
+    sc = sidecar_factory()
+    p = subprocess.Popen([str(BIN), "demo-agent", "--endpoint", sc.otlp_grpc, "--tasks", "5000", "--trials", "10"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(6)  # past the CLI's start, well before 50 000 runs end
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        p.send_signal(signal.SIGINT)
+        _, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+    out = " ".join(stderr.split())
+    assert p.returncode == 130, out[-2000:]
+    m = re.search(r"interrupted after (\d+) of 50000 runs: (\d+) spans; (\d+) acknowledged by \S+, 0 not$", out)
+    assert m, out[-2000:]
+    runs, ended, acked = map(int, m.groups())
+    assert 0 < runs < 50000 and ended == acked > runs
+    assert "Traceback" not in out
+    sc.flush()
+    assert sc.get("/api/v1/spans").json()["spans"] == acked

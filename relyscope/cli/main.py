@@ -774,19 +774,45 @@ def demo_agent(
     tp.add_span_processor(ended)
     tp.id_generator = SeededIdGenerator(seed)
 
-    def on_run(done: int) -> None:
-        prog.update(bar, completed=done)
-        if done % 20 == 0:  # the SDK's batch queue (2 048 spans) drops spans when a burst overfills it
-            tp.force_flush()
+    done, stop = [0], [False]
 
-    with _progress() as prog:
-        bar = prog.add_task(f"simulated agent → {endpoint}", total=tasks * trials)
-        summary = run_demo(tp, tasks=tasks, trials=trials, seed=seed, version=version, on_run=on_run)
-    tp.shutdown()  # run_demo flushed at its end; shutdown exports anything left
+    class _Stopped(Exception):
+        pass
+
+    def on_sigint(signum, frame) -> None:  # noqa: ANN001
+        # Ctrl-C: end the run under way and send what has ended. A KeyboardInterrupt inside a flush
+        # (which exports in this thread) lost the batch it had taken off the SDK's queue. A second
+        # Ctrl-C interrupts at once.
+        stop[0] = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def on_run(n: int) -> None:
+        done[0] = n
+        prog.update(bar, completed=n)
+        if n % 20 == 0:  # the SDK's batch queue (2 048 spans) drops spans when a burst overfills it
+            tp.force_flush()
+        if stop[0]:
+            raise _Stopped
+
+    summary = None
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with _progress() as prog:
+            bar = prog.add_task(f"simulated agent → {endpoint}", total=tasks * trials)
+            try:
+                summary = run_demo(tp, tasks=tasks, trials=trials, seed=seed, version=version, on_run=on_run)
+            except _Stopped:
+                pass
+        tp.shutdown()  # run_demo flushed at its end; shutdown exports anything left
+    finally:
+        signal.signal(signal.SIGINT, previous)
     lost = ended.n - exporter.ok - exporter.failed  # dropped by the SDK before any export
-    err.print(f"simulated agent: {summary['runs']} runs, {summary['successes']} successes, {ended.n} spans; "
-              f"{exporter.ok} acknowledged by {endpoint}, {exporter.failed} not"
+    counts = (f"{ended.n} spans; {exporter.ok} acknowledged by {endpoint}, {exporter.failed} not"
               + (f", {lost} dropped before sending" if lost else ""))
+    if summary is None:
+        err.print(f"[yellow]interrupted[/yellow] after {done[0]} of {tasks * trials} runs: {counts}")
+        raise typer.Exit(130)
+    err.print(f"simulated agent: {summary['runs']} runs, {summary['successes']} successes, {counts}")
     if not ended.n:
         err.print("[red]no span was recorded[/red]: is OTEL_SDK_DISABLED or OTEL_TRACES_SAMPLER set in this shell?")
         raise typer.Exit(1)
