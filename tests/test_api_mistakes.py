@@ -258,3 +258,22 @@ def test_json_body_sent_without_json_content_type_is_refused_with_the_header_to_
     # a JSON content type with a non-object body is a different mistake: no content-type hint
     r = sc.post("/api/v1/outcomes", content="[1]", headers={"content-type": "application/json"})
     assert r.status_code == 422 and "hint" not in r.json(), r.text
+
+
+def test_a_body_json_cannot_echo_is_still_a_422_and_no_traceback(sc):
+    # bug (h-break): NaN, 1e400 and a lone surrogate made the 422 handler fail to render the input
+    # it echoes (ValueError / UnicodeEncodeError): a 500, and a traceback holding the body in the log
+    before = _snapshot(sc)
+    trace = TRACE.format(4)
+    for body, field, echoed in (
+            ('{"trace_id": "%s", "success": true, "score": NaN}' % trace, "score", "NaN"),
+            ('{"trace_id": "%s", "success": true, "score": 1e400}' % trace, "score", "Infinity"),
+            ('{"trace_id": "%s", "success": true, "score": -Infinity}' % trace, "score", "-Infinity"),
+            ('{"trace_id": "\\ud800", "success": true}', "trace_id", "\\ud800"),
+            ('{"trace_id": "%s", "success": true, "source": "x \\udfff"}' % trace, "source", "x \\udfff")):
+        r = sc.post("/api/v1/outcomes", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, (body, r.status_code, r.text)
+        err = r.json()["detail"][0]
+        assert err["loc"] == ["body", field] and err["input"] == echoed, (body, err)
+    assert _snapshot(sc) == before
+    assert "Traceback" not in sc.log

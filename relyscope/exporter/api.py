@@ -132,6 +132,26 @@ class _Cursor:
         return last
 
 
+def json_safe(value):
+    """``value`` (JSON-like: dicts, lists, str, numbers) with what JSON cannot carry made text: a
+    non-finite float becomes ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"`` and a lone surrogate its
+    ``\\udXXX`` escape — so a 422 that echoes the input of a body holding ``NaN``, ``1e400`` or
+    ``"\\ud800"`` is still a 422, not a 500 with the body in a traceback. Pure."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else json.dumps(value)
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI:
     """Build the management app around a running pipeline."""
     # with auth on, the API description is behind the token too (routes added below)
@@ -163,13 +183,15 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
         # FastAPI's own 422; plus the header to add when a JSON body came without a JSON content type
         # (curl -d sends application/x-www-form-urlencoded): pydantic then only says the body is no object
         detail = jsonable_encoder(exc.errors())
+        if redactor is not None and redactor.patterns:  # the echoed input: no secret in a reply a proxy may log
+            detail = redactor.mask(detail)
         out: dict = {"detail": detail}
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if (not ctype.endswith("json") and any(e.get("loc") == ["body"] and e.get("type") == "model_attributes_type"
                                                for e in detail)):
             out["hint"] = (f"the body was sent as {ctype or 'no content type'}: send it as JSON with the header "
                            "content-type: application/json (curl -H 'content-type: application/json')")
-        return JSONResponse(out, status_code=422)
+        return JSONResponse(json_safe(out), status_code=422)
 
     def auth(request: Request) -> None:
         if not check_bearer(request.headers.get("authorization"), token):
