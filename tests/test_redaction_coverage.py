@@ -10,6 +10,7 @@ store, from ``/api/v1/trials`` / ``/api/v1/sessions``, or remain in the spool on
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 
@@ -22,9 +23,15 @@ from test_durability import wait_until
 TID = "5e" * 16
 SECRETS = [f"sk-PLANTED{i:02d}xyzw" for i in range(25)]
 DENIED = [f"hunter2-denied-{i}" for i in range(5)]
+# h-break: places the first 30 missed — the W3C trace state, a bytes value (stored as hex), an
+# attribute key (span, event, resource, nested map), and denied keys inside nested maps
+UNUSUAL = [f"sk-UNUSUAL{i:02d}abcd" for i in range(7)]
+NESTED_DENIED = [f"hunter2-nested-{i}" for i in range(3)]
 
 
 def _v(x):
+    if isinstance(x, bytes):
+        return {"bytesValue": base64.b64encode(x).decode()}
     if isinstance(x, dict):
         return {"kvlistValue": {"values": [{"key": k, "value": _v(v)} for k, v in x.items()]}}
     if isinstance(x, list):
@@ -44,7 +51,7 @@ def _span(sid: int, name: str, attrs: dict, parent: int | None = 1, **extra) -> 
 
 
 def _body() -> dict:
-    s = SECRETS
+    s, u = SECRETS, UNUSUAL
     spans = [
         _span(1, f"invoke_agent support {s[12]}", {"gen_ai.operation.name": "invoke_agent",
                                                   "gen_ai.agent.name": "redact-agent", "relyscope.task.id": "t1",
@@ -71,15 +78,25 @@ def _body() -> dict:
         _span(7, "genkit step", {"genkit:input": f"i {s[8]}", "genkit:output": f"o {s[9]}"}),
         _span(8, "function lookup", {"tool_arguments": json.dumps({"q": s[10]}), "tool_name": "lookup"}),
         _span(9, "chat m", {"gen_ai.operation.name": "chat", "gen_ai.prompt.0.content": f"c {s[11]}"}),
+        _span(10, "unusual", {"auth": f"token {u[0]}".encode(), "binary": b"\xff\x00" + u[1].encode(),
+                              f"header.{u[2]}": "x", "map": {f"k-{u[3]}": "v", "ok": ["a", {f"{u[4]}": 1}]},
+                              "headers": {"X-Api-Token": NESTED_DENIED[0],
+                                          "list": [{"x-api-key": NESTED_DENIED[1]}]},
+                              "user": {"email": NESTED_DENIED[2]}},
+              traceState=f"vendor={u[5]}",
+              events=[{"name": "e", "timeUnixNano": "1760000000000000002",
+                       "attributes": _attrs({f"ev.{u[6]}": "v"})}]),
     ]
     return {"resourceSpans": [{
         "resource": {"attributes": _attrs({"service.name": "redact-agent", "deployment.note": f"r {s[19]}",
-                                           "User.Email": DENIED[4]})},
+                                           "User.Email": DENIED[4], f"res.{u[0]}": "r"})},
         "scopeSpans": [{"scope": {"name": f"scope-{s[19]}-x"}, "spans": spans}]}]}
 
 
 def _leaks(text: str) -> list[str]:
-    return [x for x in SECRETS + DENIED if x in text]
+    """Planted secrets in ``text``: as sent, as hex (how a bytes value is stored) or as base64."""
+    return [x for x in SECRETS + DENIED + UNUSUAL + NESTED_DENIED
+            if x in text or x.encode().hex() in text or base64.b64encode(x.encode()).decode()[:-4] in text]
 
 
 def test_no_planted_secret_is_stored_served_or_left_in_the_spool(tmp_path):
@@ -105,6 +122,6 @@ def test_no_planted_secret_is_stored_served_or_left_in_the_spool(tmp_path):
         trials = st.query("SELECT * FROM {db}.trials FINAL")
     finally:
         st.close()
-    assert len(spans) == 9 and trials
+    assert len(spans) == 10 and trials
     assert _leaks(repr(spans) + repr(trials)) == []
     assert repr(spans).count("[REDACTED]") >= 25

@@ -9,13 +9,17 @@ A deny entry drops what it names, identity keys included (denying is explicit).
 
 Mask patterns (regular expressions, replaced by ``[REDACTED]``) apply to **every string that is
 stored or served**: the span name, the status message, every string attribute value (nested in
-lists and maps too) of the span, of its events and of its resource, event names, and the scope
-name and version — whatever convention carries the content (GenAI ``gen_ai.*.messages``,
+lists and maps too) of the span, of its events and of its resource, every attribute key (and the
+keys of nested maps), bytes values (matched on their UTF-8 text: a value with a match is stored as
+that text, masked, instead of its bytes), event names, the W3C trace state, and the scope name and
+version — whatever convention carries the content (GenAI ``gen_ai.*.messages``,
 OpenInference ``input.value`` / ``tool_call.function.arguments``, Vercel ``ai.prompt`` /
 ``ai.toolCall.args``, ADK ``gcp.vertex.agent.*``, Langfuse ``langfuse.observation.*``, Genkit
 ``genkit:*``, OpenAI Agents ``tool_arguments``, …). Trials are assembled from the redacted spans,
-so the steps ``/api/v1/trials`` serves are masked too. Not masked: ids, attribute keys, numbers
-and booleans, and W3C trace state. Redaction never rejects a span.
+so the steps ``/api/v1/trials`` serves are masked too. Not masked: ids, numbers and booleans.
+Two keys that mask to the same text are both kept (the second gets ``#2``, …). Deny entries also
+drop the keys of maps nested in a value, matched by the key itself or by its dotted path
+(``http.headers.authorization``). Redaction never rejects a span.
 
 **Identity values** — the attributes an attribute-length limit never cuts
 (:func:`~relyscope.collector.normalize.versions.never_truncate`: ``relyscope.*`` such as
@@ -134,6 +138,8 @@ class Redactor:
                 pass
         self.active = bool(self.deny or self.allow or self.patterns)
         self._keys: dict[str, bool] = {}
+        self._deny_keys: dict[str, bool] = {}
+        self._masked_keys: dict[str, str] = {}
 
     def _keep(self, key: str) -> bool:
         hit = self._keys.get(key)
@@ -147,19 +153,61 @@ class Redactor:
             self._keys[key] = keep
         return keep
 
+    def _denied(self, key: str) -> bool:
+        """Whether a deny entry names ``key`` (case-insensitive glob), cached as :meth:`_keep`."""
+        hit = self._deny_keys.get(key)
+        if hit is None:
+            k = key.lower()
+            hit = any(fnmatch.fnmatchcase(k, d) for d in self.deny)
+            if len(self._deny_keys) < _KEY_CACHE_MAX:
+                self._deny_keys[key] = hit
+        return hit
+
+    def _drop_nested(self, value: Any, path: str) -> Any:
+        """``value`` without the keys of nested maps a deny entry names, by the key itself or by its
+        dotted path from the attribute (``path``); lists are walked, other values unchanged."""
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                sub = f"{path}.{k}"
+                if not (self._denied(k) or self._denied(sub)):
+                    out[k] = self._drop_nested(v, sub)
+            return out
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._drop_nested(v, path) for v in value)
+        return value
+
+    def _mask_key(self, key: str) -> str:
+        """An attribute key masked (:meth:`_mask_str`), cached: keys repeat from span to span."""
+        hit = self._masked_keys.get(key)
+        if hit is None:
+            hit = self._mask_str(key)
+            if len(self._masked_keys) < _KEY_CACHE_MAX:
+                self._masked_keys[key] = hit
+        return hit
+
+    def _mask_str(self, value: str) -> str:
+        for p in self.patterns:
+            value = p.sub(MASK, value)
+        return value
+
     def mask(self, value: Any) -> Any:
         """``value`` with every pattern match in its strings replaced by ``[REDACTED]`` (lists and
-        maps recursively; other types unchanged). Pure."""
+        maps recursively, map keys too; bytes matched on their UTF-8 text and, when a pattern
+        matches, replaced by that text masked; other types unchanged). Pure."""
         if isinstance(value, str):
-            for p in self.patterns:
-                value = p.sub(MASK, value)
-            return value
+            return self._mask_str(value)
         if isinstance(value, list):
             return [self.mask(v) for v in value]
         if isinstance(value, tuple):
             return tuple(self.mask(v) for v in value)
         if isinstance(value, dict):
-            return {k: self.mask(v) for k, v in value.items()}
+            return _unique_keys((self._mask_str(k) if isinstance(k, str) else k, self.mask(v))
+                                for k, v in value.items())
+        if isinstance(value, (bytes, bytearray)):
+            text = bytes(value).decode("utf-8", "replace")
+            masked = self._mask_str(text)
+            return value if masked == text else masked
         return value
 
     def _token(self, m: re.Match) -> str:
@@ -192,26 +240,36 @@ class Redactor:
         if isinstance(value, tuple):
             return tuple(self.tokenize(v) for v in value)
         if isinstance(value, dict):
-            return {k: self.tokenize(v) for k, v in value.items()}
+            return _unique_keys((self._mask_str(k) if isinstance(k, str) else k, self.tokenize(v))
+                                for k, v in value.items())
+        if isinstance(value, (bytes, bytearray)):
+            text = bytes(value).decode("utf-8", "replace")
+            tok = self.tokenize(text)
+            return value if tok == text else tok
         return value
 
     def _attrs(self, attrs: Mapping[str, Any], ident: list[bool]) -> dict[str, Any]:
         """The kept attributes, masked; ``ident[0]`` set when an identity value was tokenized."""
-        if self.deny or self.allow:
+        if self.deny:
+            items = [(k, self._drop_nested(v, k) if type(v) in _NESTED else v)
+                     for k, v in attrs.items() if self._keep(k)]
+        elif self.allow:
             items = [(k, v) for k, v in attrs.items() if self._keep(k)]
         else:
-            items = list(attrs.items())
+            items = attrs.items()
         if not self.patterns:
             return dict(items)
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in items:
             if never_truncate(k):
                 t = self.tokenize(v)
                 if t != v:
                     ident[0] = True
-                out[k] = t
             else:
-                out[k] = self.mask(v)
+                k, t = self._mask_key(k), self.mask(v)
+            if k in out:  # two keys masked to the same text: keep both
+                k = _free_key(out, k)
+            out[k] = t
         return out
 
     def apply(self, span: CanonicalSpan) -> CanonicalSpan:
@@ -230,10 +288,33 @@ class Redactor:
         if name != span.name:
             ident[0] = True
         status, scope, scope_v = m(span.status_message), m(span.scope_name), m(span.scope_version)
+        state = m(span.trace_state)
         if (attrs == dict(span.attributes) and events == span.events and resource == dict(span.resource)
-                and (name, status, scope, scope_v) == (span.name, span.status_message, span.scope_name,
-                                                      span.scope_version)):
+                and (name, status, scope, scope_v, state) == (span.name, span.status_message, span.scope_name,
+                                                             span.scope_version, span.trace_state)):
             return span
         flags = span.flags | ({"redacted", "redacted_identity"} if ident[0] else {"redacted"})
         return dataclasses.replace(span, name=name, status_message=status, scope_name=scope, scope_version=scope_v,
-                                   attributes=attrs, events=events, resource=resource, flags=flags)
+                                   trace_state=state, attributes=attrs, events=events, resource=resource,
+                                   flags=flags)
+
+
+_NESTED = (dict, list, tuple)
+
+
+def _free_key(out: Mapping[Any, Any], k: Any) -> str:
+    """``k#2``, ``k#3``, …: the first not in ``out``."""
+    n = 2
+    while f"{k}#{n}" in out:
+        n += 1
+    return f"{k}#{n}"
+
+
+def _unique_keys(items: Iterable[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A dict of ``items``; a key seen before (two keys masked to the same text) is kept as
+    ``key#2``, ``key#3``, … so neither value is lost."""
+    out: dict[Any, Any] = {}
+    for k, v in items:
+        out[_free_key(out, k) if k in out else k] = v
+    return out
+
