@@ -135,3 +135,22 @@ def test_ctrl_c_stops_sending_and_says_how_much_got_through(sidecar_factory):
     assert "Traceback" not in out
     sc.flush()
     assert sc.get("/api/v1/spans").json()["spans"] == acked
+
+
+def test_a_second_version_adds_its_trials_beside_the_first(sidecar_factory):
+    # bug (fresh-user trial): trace ids came from --seed alone, so `demo-agent --version 1.1.0` after
+    # `demo-agent` replaced every 1.0.0 trial (relyscope_spans_replaced_total) without a word
+    want = _expected_spans()
+    sc = sidecar_factory()
+    for version in ("1.0.0", "1.1.0"):
+        r = _run("--endpoint", sc.otlp_grpc, "--version", version)
+        assert r.returncode == 0, r.stderr[-2000:]
+    sc.flush()
+    assert sc.get("/api/v1/spans").json()["spans"] == 2 * want
+    groups = {g["version"]: g["trials"] for g in sc.report()["groups"] if g["agent"] == "support-agent"}
+    assert groups == {"1.0.0": TASKS * TRIALS, "1.1.0": TASKS * TRIALS}
+    # the same version again replaces its own trials (the documented re-run), adds none
+    r = _run("--endpoint", sc.otlp_grpc, "--version", "1.1.0")
+    assert r.returncode == 0
+    sc.flush()
+    assert sc.get("/api/v1/spans").json()["spans"] == 2 * want

@@ -723,8 +723,9 @@ def demo_agent(
     protocol: str = typer.Option("grpc", help="grpc | http/protobuf"),
     tasks: int = typer.Option(24, min=1, help="tasks of the simulated agent"),
     trials: int = typer.Option(5, min=1, help="trials per task"),
-    seed: int = typer.Option(7, help="the same seed sends the same trace ids: a second run replaces the first "
-                             "one's trials; pass another seed for new ones"),
+    seed: int = typer.Option(7, help="the same seed and --version send the same trace ids: a second run replaces "
+                             "the first one's trials; pass another seed for new ones (another --version "
+                             "always adds its own)"),
     version: str = typer.Option("1.0.0", help="agent version the runs carry"),
     token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN",
                                         help="bearer token, when the sidecar sets RELYSCOPE_AUTH_TOKEN"),
@@ -772,7 +773,7 @@ def demo_agent(
     tp = configure(exporter=exporter, protocol=protocol, service_name="support-agent", service_version=version)
     ended = EndedSpans()
     tp.add_span_processor(ended)
-    tp.id_generator = SeededIdGenerator(seed)
+    tp.id_generator = SeededIdGenerator(seed, stream=version)  # another version: other trace ids
 
     done, stop = [0], [False]
 

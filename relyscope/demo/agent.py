@@ -359,10 +359,12 @@ class SeededIdGenerator(IdGenerator):
     """Trace and span ids from ``random.Random(f"ids:{seed}")`` (an OTel SDK ``IdGenerator``):
     with it the demo's production trial ids — and so the shadow plan's seeds, derived from them —
     are the same on every run, and the demo's numbers and verdicts repeat exactly. For the demo
-    only: real agents keep the SDK's random ids."""
+    only: real agents keep the SDK's random ids. ``stream``: another sequence for the same seed
+    (``relyscope demo-agent`` passes the agent version, so a second version sent with the same
+    seed adds its trials instead of replacing the first version's)."""
 
-    def __init__(self, seed: int):
-        self._rng = random.Random(f"ids:{seed}")
+    def __init__(self, seed: int, stream: str = ""):
+        self._rng = random.Random(f"ids:{seed}" + (f":{stream}" if stream else ""))
 
     def generate_span_id(self) -> int:
         return self._rng.getrandbits(64) or 1
