@@ -38,7 +38,8 @@ def _dir(spool_dir: Optional[str], store: Optional[str]) -> str:
 @quarantine_app.command("list")
 def list_(spool_dir: Optional[str] = typer.Option(None, "--spool-dir", help="spool directory [RELYSCOPE_SPOOL_DIR]"),
           store: Optional[str] = typer.Option(None, help="store DSN, to derive the default spool directory"),
-          json_out: bool = typer.Option(False, "--json", help="one JSON object per record")) -> None:
+          json_out: bool = typer.Option(False, "--json", help="JSON Lines: one JSON object per record and "
+                                        "line (no line when the quarantine is empty)")) -> None:
     """List quarantined records: number, spans, bytes, when, and the store's error."""
     from relyscope.collector.quarantine import entries
 
