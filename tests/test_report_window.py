@@ -145,3 +145,24 @@ def test_an_unconfigured_window_names_the_setting_and_the_configured_windows(sc)
     cli = _cli_raw(sc.api, "report", "--api", sc.api, "--window", "30m")
     assert cli.returncode == 2
     assert "RELYSCOPE_SCORE_WINDOWS=5m,1h,24h,7d,all,30m" in " ".join(cli.stderr.split()), cli.stderr
+
+
+def test_history_that_a_filter_empties_names_the_filter_and_the_groups_it_would_find(sc):
+    # bug (fresh-user trial): the README's `history 'pass^1' --agent support` said only "no stored
+    # scores for pass^1" — the agent is support-agent, and filters match exactly
+    import json
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:  # scores are stored by the sidecar's scoring cycle
+        r = _cli_raw(sc.api, "history", "pass^1", "--agent", "win-agent", "--api", sc.api, "--format", "json")
+        assert r.returncode == 0, r.stderr
+        if json.loads(r.stdout)["points"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert json.loads(r.stdout)["points"], "no stored scores within 60 s"
+    r = _cli_raw(sc.api, "history", "pass^1", "--agent", "win", "--api", sc.api)
+    assert r.returncode == 0, r.stderr
+    out = " ".join((r.stdout + r.stderr).split())
+    assert "no stored scores for pass^1" in out
+    assert "filtered by --agent 'win'" in out and "--agent 'win-agent'" in out, out

@@ -497,6 +497,29 @@ def history(
     from relyscope.cli.render import render_history
 
     render_history(data, console)
+    filters = {k: v for k, v in params.items() if k != "metric"}
+    if not data["points"] and filters:  # say which filter found nothing, and what would find something
+        err.print(_history_filter_hint(api, headers, metric, filters))
+
+
+def _history_filter_hint(api: str, headers: dict, metric: str, filters: dict) -> str:
+    """What a history query that found nothing was filtered by, and the groups the same metric has
+    scores for (filters match exactly: ``--agent support`` finds no ``support-agent``)."""
+    import httpx
+
+    said = ", ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in filters.items())
+    try:
+        r = httpx.get(api.rstrip("/") + "/api/v1/history", params={"metric": metric}, headers=headers, timeout=60)
+        pts = r.json().get("points") or [] if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pts = []
+    groups = sorted({f"--agent {p.get('agent')!r} --version {p.get('version')!r} --run-kind {p.get('run_kind')!r}"
+                     for p in pts if isinstance(p, dict)})
+    if not groups:
+        return f"(filtered by {said}; no group has stored scores for {metric} yet)"
+    more = f", … ({len(groups)} in all)" if len(groups) > 5 else ""
+    return (f"(filtered by {said}, which match exactly; groups with stored scores for {metric}: "
+            + "; ".join(groups[:5]) + more + ")")
 
 
 @app.command()
