@@ -195,19 +195,24 @@ class Redactor:
         """``value`` with every pattern match in its strings replaced by ``[REDACTED]`` (lists and
         maps recursively, map keys too; bytes matched on their UTF-8 text and, when a pattern
         matches, replaced by that text masked; other types unchanged). Pure."""
+        return self._walk(value, self._mask_str)
+
+    def _walk(self, value: Any, on_str: Any) -> Any:
+        """``value`` with ``on_str`` applied to each string in it: lists, tuples and maps walked
+        (map keys masked), bytes on their UTF-8 text (kept as bytes when nothing changed)."""
         if isinstance(value, str):
-            return self._mask_str(value)
+            return on_str(value)
         if isinstance(value, list):
-            return [self.mask(v) for v in value]
+            return [self._walk(v, on_str) for v in value]
         if isinstance(value, tuple):
-            return tuple(self.mask(v) for v in value)
+            return tuple(self._walk(v, on_str) for v in value)
         if isinstance(value, dict):
-            return _unique_keys((self._mask_str(k) if isinstance(k, str) else k, self.mask(v))
+            return _unique_keys((self._mask_str(k) if isinstance(k, str) else k, self._walk(v, on_str))
                                 for k, v in value.items())
         if isinstance(value, (bytes, bytearray)):
             text = bytes(value).decode("utf-8", "replace")
-            masked = self._mask_str(text)
-            return value if masked == text else masked
+            out = on_str(text)
+            return value if out == text else out
         return value
 
     def _token(self, m: re.Match) -> str:
@@ -231,21 +236,11 @@ class Redactor:
         (:func:`identity_token`; lists and maps recursively, other types unchanged): what identity
         values get instead of ``[REDACTED]``. Pure for a given key, and idempotent: a token already
         in the value is left whole."""
-        if isinstance(value, str):
-            for p in self.patterns:
-                value = self._tokenize_str(value, p)
-            return value
-        if isinstance(value, list):
-            return [self.tokenize(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(self.tokenize(v) for v in value)
-        if isinstance(value, dict):
-            return _unique_keys((self._mask_str(k) if isinstance(k, str) else k, self.tokenize(v))
-                                for k, v in value.items())
-        if isinstance(value, (bytes, bytearray)):
-            text = bytes(value).decode("utf-8", "replace")
-            tok = self.tokenize(text)
-            return value if tok == text else tok
+        return self._walk(value, self._tokenize_all)
+
+    def _tokenize_all(self, value: str) -> str:
+        for p in self.patterns:
+            value = self._tokenize_str(value, p)
         return value
 
     def _attrs(self, attrs: Mapping[str, Any], ident: list[bool]) -> dict[str, Any]:
