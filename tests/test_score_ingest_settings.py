@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from conftest import BIN, DATA, start_sidecar
-from test_redaction_coverage import DENIED, SECRETS, _attrs, _body
+from test_redaction_coverage import DENIED, NESTED_DENIED, SECRETS, UNUSUAL, _attrs, _body
 
 DENY = json.dumps(["user.email", "x-api-*"])
 PATTERNS = json.dumps([r"sk-[A-Za-z0-9]{8,}"])
@@ -74,7 +74,8 @@ def _failing_run() -> dict:
 
 
 def _leaks(text: str) -> list[str]:
-    return [x for x in [*SECRETS, *DENIED, INPUT_SECRET] if x in text]
+    return [x for x in [*SECRETS, *DENIED, *UNUSUAL, *NESTED_DENIED, INPUT_SECRET]
+            if x in text or x.encode().hex() in text]
 
 
 @pytest.mark.parametrize("decoder", ["fast", "legacy"])
@@ -92,13 +93,13 @@ def test_score_redacts_as_the_sidecar_in_store_and_report(tmp_path, decoder):
     labels = [w["label"] for w in g["worst_tasks"]]
     assert "please use key [REDACTED] to refund order 7" in labels, g["worst_tasks"]
     assert "please use key [REDACTED] to refund order 7" in table.stdout
-    # 9 spans of the first request + 1 of the second, every one changed by the policy
+    # 10 spans of the first request + 1 of the second, every one changed by the policy
     # (masked names / values, or a denied key): the first request's spans each carry a secret,
     # the second's root its user message
-    assert "ingest: 10 of 10 spans redacted (RELYSCOPE_REDACT_DENY, RELYSCOPE_REDACT_PATTERNS)" in \
+    assert "ingest: 11 of 11 spans redacted (RELYSCOPE_REDACT_DENY, RELYSCOPE_REDACT_PATTERNS)" in \
         " ".join(rep.stderr.split())
     rows = _dump(tmp_path / "store")
-    assert len(rows["otel_traces"]) == 10 and len(rows["trials"]) == 2
+    assert len(rows["otel_traces"]) == 11 and len(rows["trials"]) == 2
     stored = json.dumps(rows, ensure_ascii=False)
     assert _leaks(stored) == []
     assert stored.count("[REDACTED]") >= 26

@@ -103,7 +103,8 @@ def render_report(rep: dict, console: Console, empty: str | None = None) -> None
                         continue
                     ci = mv.get("ci")
                     t.add_row(dim if first else "", name, _fmt(mv.get("value")),
-                              "—" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]" + ("*" if mv.get("ci_stale") else ""),
+                              ("pending" if mv.get("ci_pending") else "—") if not ci
+                              else f"[{ci[0]:.3f}, {ci[1]:.3f}]" + ("*" if mv.get("ci_stale") else ""),
                               str(mv.get("n_tasks", 0)))
                     first = False
             if not first:

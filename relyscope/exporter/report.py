@@ -48,6 +48,7 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
     groups = []
     for (agent, version, run_kind), gs in sorted(scores.items()):
         metrics = {}
+        pending = bool(getattr(gs, "ci_pending", False))
         for name in sorted(gs.metrics, key=_order_key):
             mv = gs.metrics[name]
             ci = None
@@ -56,6 +57,8 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
             metrics[name] = {"value": _num(mv.value), "ci": ci, "n_tasks": int(mv.n_tasks)}
             if ci is not None and getattr(mv, "ci_stale", False):
                 metrics[name]["ci_stale"] = True
+            if ci is None and pending and metrics[name]["value"] is not None:
+                metrics[name]["ci_pending"] = True
         win = "all" if window is None or run_kind == "offline" else window
         g = {"agent": agent, "version": version, "run_kind": run_kind, "window": win, "tasks": gs.tasks,
              "trials": gs.trials, "invalid_trials": gs.invalid_trials,
@@ -64,7 +67,8 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
             g.update(extras[(agent, version, run_kind)])
         g.setdefault("sections_scope", "all time" if win == "all" else f"window {win}")
         # from the metrics shown (this window's), so every report has them: batch, live, offline
-        extra_notes = pass_hat_k_notes(gs.metrics) + undefined_metric_notes(g) + stale_ci_notes(gs, metrics)
+        extra_notes = (pass_hat_k_notes(gs.metrics) + undefined_metric_notes(g) + stale_ci_notes(gs, metrics)
+                       + ([_PENDING_NOTE] if any(m.get("ci_pending") for m in metrics.values()) else []))
         if getattr(gs, "ci_as_of", None) is not None:
             g["ci_as_of"], g["ci_trials"] = float(gs.ci_as_of), gs.ci_trials
         if extra_notes:
@@ -72,6 +76,11 @@ def build_report(scores: Mapping[tuple[str, str, str], object], extras: Mapping 
         g.pop("confidence_values", None)
         groups.append(g)
     return {"formula_set": FORMULA_SET, "groups": groups}
+
+
+_PENDING_NOTE = ("CIs shown as 'pending' are not computed yet: a window's first bootstrap runs beside the "
+                 "scoring cycle and is published by a following cycle (RELYSCOPE_SCORE_INTERVAL_S); "
+                 "null there means not yet, not undefined")
 
 
 def stale_ci_notes(gs, metrics: dict, now: float | None = None) -> list[str]:

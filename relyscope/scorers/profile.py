@@ -60,7 +60,10 @@ class GroupScore:
     given trials (valid + invalid + incomplete); ``metrics``: keyed exactly as metrics.md §11.
     ``formula_set``, ``n_boot``, ``seed``, ``level`` record how the numbers were made.
     ``ci_as_of`` (unix seconds) and ``ci_trials``: when the intervals were computed and over how
-    many trials, where that was an earlier state than the values' (None: same state)."""
+    many trials, where that was an earlier state than the values' (None: same state).
+    ``ci_pending``: intervals are asked for (``n_boot`` > 0) but the window's first bootstrap, which
+    live scoring runs off the cycle, has not finished yet — a ``ci`` of None then means "not yet",
+    not "undefined"."""
 
     tasks: int
     trials: int
@@ -73,6 +76,7 @@ class GroupScore:
     level: float = DEFAULT_LEVEL
     ci_as_of: float | None = None
     ci_trials: int | None = None
+    ci_pending: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (metrics.md §11): NaN values become ``None``; ``ci`` a ``[lo, hi]`` list
@@ -92,6 +96,8 @@ class GroupScore:
         }
         if self.ci_as_of is not None:
             out["bootstrap"] |= {"ci_as_of": self.ci_as_of, "ci_trials": self.ci_trials}
+        if self.ci_pending:
+            out["bootstrap"]["ci_pending"] = True
         for key, mv in self.metrics.items():
             ci = None
             if mv.ci is not None and not (math.isnan(mv.ci[0]) or math.isnan(mv.ci[1])):

@@ -1091,7 +1091,8 @@ def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int, as_of:
     last CI refresh ``ci_from`` (a metric it lacks, or one undefined now, has none), computed on
     the window's state at ``as_of`` (unix seconds). A metric whose value has changed since is
     marked ``ci_stale``, and the score carries ``ci_as_of`` / ``ci_trials`` when any is (or when
-    the trial count changed), so reports can say the interval is older than the value."""
+    the trial count changed), so reports can say the interval is older than the value; with no
+    refresh yet (``ci_from`` None) it is marked ``ci_pending``."""
     import dataclasses as _dc
 
     prev = ci_from.metrics if ci_from is not None else {}
@@ -1105,7 +1106,8 @@ def _with_cis(point: GroupScore, ci_from: GroupScore | None, n_boot: int, as_of:
         metrics[k] = _dc.replace(mv, ci=ci, ci_stale=stale)
     older = ci_from is not None and (any_stale or ci_from.trials != point.trials)
     return _dc.replace(point, metrics=metrics, n_boot=n_boot,
-                       ci_as_of=as_of if older else None, ci_trials=ci_from.trials if older else None)
+                       ci_as_of=as_of if older else None, ci_trials=ci_from.trials if older else None,
+                       ci_pending=ci_from is None and n_boot > 0)
 
 
 def grade_rows_of(group: GroupKey, rv: GroupReview) -> list[dict]:
