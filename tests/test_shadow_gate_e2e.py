@@ -105,17 +105,6 @@ def test_unknown_version_is_an_error_naming_the_known_ones(gated):
     assert "7.7" in p.stderr and "1.1" in p.stderr
 
 
-def test_a_version_gated_against_itself_is_refused(gated):
-    # bug (fresh-user trial): `gate --baseline 1.0 --candidate 1.0` compared the replays with
-    # themselves — every delta 0, CI [0, 0] — and answered as if that were an experiment
-    sc, _, _ = gated
-    p = gate(sc, "--baseline", "1.0", "--candidate", "1.0")
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    assert "both '1.0'" in " ".join(p.stderr.split()) and "Traceback" not in p.stderr, p.stderr
-    r = sc.get("/api/v1/gate", params={"baseline": "1.1", "candidate": "1.1"})
-    assert r.status_code == 422 and "both '1.1'" in r.text, r.text
-
-
 def test_malformed_gate_policy_is_an_error_naming_the_field(gated):
     sc, tmp, _ = gated
     bad = tmp / "gate.yaml"
