@@ -148,7 +148,7 @@ class Redactor:
         k = key.lower()
         keep = not (self.allow and not never_truncate(key) and not any(fnmatch.fnmatchcase(k, a)
                                                                          for a in self.allow)) and \
-            not any(fnmatch.fnmatchcase(k, d) for d in self.deny)
+            not self._denied(key)
         if len(self._keys) < _KEY_CACHE_MAX:
             self._keys[key] = keep
         return keep
@@ -178,7 +178,7 @@ class Redactor:
         return value
 
     def _mask_key(self, key: str) -> str:
-        """An attribute key masked (:meth:`_mask_str`), cached: keys repeat from span to span."""
+        """A map key masked (:meth:`_mask_str`), cached: keys repeat from span to span."""
         hit = self._masked_keys.get(key)
         if hit is None:
             hit = self._mask_str(key)
@@ -207,7 +207,7 @@ class Redactor:
         if isinstance(value, tuple):
             return tuple(self._walk(v, on_str) for v in value)
         if isinstance(value, dict):
-            return _unique_keys((self._mask_str(k) if isinstance(k, str) else k, self._walk(v, on_str))
+            return _unique_keys((self._mask_key(k) if isinstance(k, str) else k, self._walk(v, on_str))
                                 for k, v in value.items())
         if isinstance(value, (bytes, bytearray)):
             text = bytes(value).decode("utf-8", "replace")
