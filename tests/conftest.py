@@ -58,3 +58,15 @@ def sidecar_factory(tmp_path):
     yield make
     for sc in started:
         sc.kill(signal.SIGKILL if sc.proc.poll() is None else signal.SIGTERM)
+
+
+def pytest_unconfigure(config):
+    """After the summary the interpreter still joins every non-daemon thread a test left (a
+    thread pool's workers, a process pool's manager thread): one that never ends made CI time out
+    an hour after "1456 passed", with nothing printed. If the exit takes longer than 3 minutes,
+    every thread's stack goes to stderr and the run ends with status 1 — a failure that names
+    what hung, in the CI's output."""
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback_later(180, exit=True, file=sys.__stderr__)

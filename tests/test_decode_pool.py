@@ -412,7 +412,10 @@ def test_a_worker_killed_while_sending_its_result_leaves_no_thread_that_blocks_t
 def test_workers_ignore_a_ctrl_c_or_stop_sent_to_the_whole_process_group():
     """h-breaker: SIGINT / SIGTERM to the process group (Ctrl-C, systemd's control-group kill)
     reached the decode processes too: tracebacks, "a decode worker died", a pool restart during
-    the sidecar's own drain. They are the sidecar's to handle: the processes ignore them."""
+    the sidecar's own drain. They are the sidecar's to handle: the processes ignore them when
+    anyone but their parent sends them (here ``kill(1)``, a process of its own)."""
+    import subprocess
+
     p = DecodePool(functools.partial(decode_spool_record, limits=LIMITS), 2)
     try:
         p.started.result(timeout=120)
@@ -422,19 +425,93 @@ def test_workers_ignore_a_ctrl_c_or_stop_sent_to_the_whole_process_group():
         pids = p.pids()
         assert len(pids) == 2
 
-        def initialized(pid: int) -> bool:  # the initializer ran: SIGINT and SIGTERM in SigIgn
+        def initialized(pid: int) -> bool:  # the initializer ran: SIGINT ignored, SIGTERM blocked
             with open(f"/proc/{pid}/status") as f:
-                mask = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
-            return mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1))
+                fields = dict(line.split(":", 1) for line in f)
+            ign, blk = int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
+            return bool(ign & (1 << (signal.SIGINT - 1)) and blk & (1 << (signal.SIGTERM - 1)))
 
         while not all(initialized(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         for pid in pids:
-            os.kill(pid, signal.SIGINT)
-            os.kill(pid, signal.SIGTERM)
+            for sig in ("-INT", "-TERM"):
+                subprocess.run(["kill", sig, str(pid)], check=True, timeout=30)
         time.sleep(1.0)
         assert all(_alive(pid) for pid in pids)
         rec = RECORDS[0]
         assert DecodePool.unpack(p.submit(rec).result(timeout=60)) == _in_thread(rec)
     finally:
         p.close()
+
+
+def test_a_sigterm_from_the_parent_ends_a_worker():
+    """What the executor sends the processes of a broken pool (``terminate()``) must end them:
+    see the next test."""
+    p = DecodePool(functools.partial(decode_spool_record, limits=LIMITS), 1)
+    try:
+        p.started.result(timeout=120)
+        (pid,) = p.pids()
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid)
+    finally:
+        p.close()
+
+
+_SLOW_BIG_MODULE = '''
+import os, time
+def slow_big(payload: bytes) -> bytes:
+    """Says it is busy (a marker file), works 3 s, then returns far more than the pipe buffer."""
+    open(os.path.join(os.path.dirname(__file__), "busy-%d" % os.getpid()), "w").close()
+    time.sleep(3)
+    return b"x" * (64 << 20)
+'''
+
+_BREAK_WHILE_BUSY = '''
+import os, signal, sys, time
+from concurrent.futures.process import BrokenProcessPool
+sys.path.insert(0, sys.argv[1])
+from slowbig import slow_big
+from relyscope.decode_pool import DecodePool
+pool = DecodePool(slow_big, 2)
+pool.started.result(60)
+deadline = time.monotonic() + 60
+while len(pool.pids()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+fut = pool.submit(b"work")
+busy = None
+while busy is None and time.monotonic() < deadline:
+    names = [n for n in os.listdir(sys.argv[1]) if n.startswith("busy-")]
+    busy = int(names[0].split("-")[1]) if names else None
+    time.sleep(0.01)
+other = next(pid for pid in pool.pids() if pid != busy)
+os.kill(other, signal.SIGKILL)
+try:
+    fut.result(60)
+except BrokenProcessPool:
+    print("broken", flush=True)
+# no pool.close(): what a process that dies with its pool broken leaves is the executor's to end
+'''
+
+
+def test_a_pool_broken_while_a_worker_is_busy_does_not_block_the_exit(tmp_path):
+    """The CI of 2026-12-06 hung for an hour after "1456 passed": a test had killed one decode
+    process while the other was busy; the broken pool's manager thread ``terminate()``s the
+    processes left, but they ignored SIGTERM, so the busy one went on, blocked writing a result
+    nobody read any more, and the manager thread waited for it for ever — the interpreter joins
+    that thread at exit. Now the worker obeys its parent's SIGTERM and the script exits."""
+    import subprocess
+    import sys
+
+    (tmp_path / "slowbig.py").write_text(_SLOW_BIG_MODULE)
+    proc = subprocess.Popen([sys.executable, "-c", _BREAK_WHILE_BUSY, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the process did not exit with its pool broken: {out} {err[-2000:]}")
+    assert proc.returncode == 0 and "broken" in out, (out, err[-2000:])
