@@ -387,25 +387,32 @@ print("restarts", pf.restarts, flush=True)
 '''
 
 
-def test_a_worker_killed_while_sending_its_result_leaves_no_thread_that_blocks_the_exit(tmp_path):
-    """h-breaker: kill -9 of a decode process while it wrote a large result left the executor's
-    manager thread blocked for ever reading the rest of the message (this process kept a write end
-    of the result pipe open): the records came back (decoded in the calling thread after the
-    timeout) but the interpreter, which joins that thread at exit, never exited — a sidecar's
-    SIGTERM hung. Now the script's records come back and it exits."""
+def _run_script(script: str, tmp_path, when: str) -> tuple[int, str, str]:
+    """Run ``script`` in a Python process of its own (argv[1] = ``tmp_path``): a hang at its exit
+    must not hang the test run. Returns (returncode, stdout, stderr); fails past 90 s."""
     import subprocess
     import sys
 
-    (tmp_path / "bigmod.py").write_text(_BIG_MODULE)
-    proc = subprocess.Popen([sys.executable, "-c", _KILL_MID_RESULT, str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        pytest.fail(f"the process did not exit after its pool was closed: {err[-2000:]}")
-    assert proc.returncode == 0, err[-2000:]
+        pytest.fail(f"the process did not exit {when}: {out} {err[-2000:]}")
+    return proc.returncode, out, err
+
+
+def test_a_worker_killed_while_sending_its_result_leaves_no_thread_that_blocks_the_exit(tmp_path):
+    """h-breaker: kill -9 of a decode process while it wrote a large result left the executor's
+    manager thread blocked for ever reading the rest of the message (this process kept a write end
+    of the result pipe open): the records came back (decoded in the calling thread after the
+    timeout) but the interpreter, which joins that thread at exit, never exited — a sidecar's
+    SIGTERM hung. Now the script's records come back and it exits."""
+    (tmp_path / "bigmod.py").write_text(_BIG_MODULE)
+    rc, out, err = _run_script(_KILL_MID_RESULT, tmp_path, "after its pool was closed")
+    assert rc == 0, err[-2000:]
     assert "restarts 1" in out or "restarts 2" in out, (out, err[-2000:])
 
 
@@ -502,16 +509,6 @@ def test_a_pool_broken_while_a_worker_is_busy_does_not_block_the_exit(tmp_path):
     processes left, but they ignored SIGTERM, so the busy one went on, blocked writing a result
     nobody read any more, and the manager thread waited for it for ever — the interpreter joins
     that thread at exit. Now the worker obeys its parent's SIGTERM and the script exits."""
-    import subprocess
-    import sys
-
     (tmp_path / "slowbig.py").write_text(_SLOW_BIG_MODULE)
-    proc = subprocess.Popen([sys.executable, "-c", _BREAK_WHILE_BUSY, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"the process did not exit with its pool broken: {out} {err[-2000:]}")
-    assert proc.returncode == 0 and "broken" in out, (out, err[-2000:])
+    rc, out, err = _run_script(_BREAK_WHILE_BUSY, tmp_path, "with its pool broken")
+    assert rc == 0 and "broken" in out, (out, err[-2000:])
