@@ -156,45 +156,36 @@ def _touch(fn: Callable) -> None:
 
 
 def _init_worker(parent_pid: int, fn: Callable) -> None:
-    """Worker initializer: watch the parent (:func:`_watch_parent`); ``fn`` is unused here, but
-    unpickling it with the initializer's arguments imports its modules as the process starts.
+    """Worker initializer: the parent decides this process's life (:func:`_watch_parent`); ``fn``
+    is unused here, but unpickling it with the initializer's arguments imports its modules as
+    the process starts.
 
-    SIGINT is ignored, and SIGTERM is obeyed only when the parent sends it
-    (:func:`_obey_parent_sigterm`): a Ctrl-C or a stop sent to the whole process group (systemd's
-    control-group kill, dumb-init) is the sidecar's to handle — it closes the pool as it drains,
-    and a decode process exits on its own once the sidecar is gone — while the executor's own
-    ``terminate()`` of a broken pool's processes must work. Ignored, it left a process that was
-    writing a result nobody read any more alive for ever, and the pool's manager thread, which
-    waits for every process to end, with it: the interpreter joins that thread at exit, so the
-    sidecar (or the test run) never exited."""
+    SIGINT is ignored, and SIGTERM is obeyed only when the parent sends it: a Ctrl-C or a stop
+    sent to the whole process group (systemd's control-group kill, dumb-init) is the sidecar's to
+    handle — it closes the pool as it drains, and a decode process exits on its own once the
+    sidecar is gone — while the executor's own ``terminate()`` of a broken pool's processes must
+    work. Ignored, it left a process that was writing a result nobody read any more alive for
+    ever, and the pool's manager thread, which waits for every process to end, with it: the
+    interpreter joins that thread at exit, so the sidecar (or the test run) never exited."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _obey_parent_sigterm(parent_pid)
     _watch_parent(parent_pid)
 
 
-def _obey_parent_sigterm(parent_pid: int) -> None:
-    """Block SIGTERM in this thread (and so in every thread started after: they inherit the mask)
-    and take it in a thread of its own with ``sigwaitinfo``, which names the sender: the parent's
-    ends the process at once (as the default action would), anyone else's is ignored. Must run
-    before any other thread starts (the spawn child's initializer does)."""
+def _watch_parent(parent_pid: int) -> None:
+    """Exit as soon as the parent is gone (its pid is no longer our parent, checked every
+    ``_PARENT_POLL_S``) or sends SIGTERM; anyone else's SIGTERM is ignored.
+
+    SIGTERM is blocked in this thread — and so in every thread started after, which inherit the
+    mask; the spawn child's initializer runs before any other starts — and taken by one thread
+    with ``sigtimedwait``, which names the sender."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a signal set to SIG_IGN is discarded, never waited for
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
     def run() -> None:
         while True:
-            info = signal.sigwaitinfo({signal.SIGTERM})
-            if info.si_pid == parent_pid:
-                os._exit(128 + signal.SIGTERM)
-
-    threading.Thread(target=run, name="relyscope-sigterm", daemon=True).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit as soon as the parent is gone (its pid is no longer our parent)."""
-
-    def run() -> None:
-        while True:
-            time.sleep(_PARENT_POLL_S)
+            info = signal.sigtimedwait({signal.SIGTERM}, _PARENT_POLL_S)
+            if info is not None and info.si_pid == parent_pid:
+                os._exit(128 + signal.SIGTERM)  # as the default action would end it
             if os.getppid() != parent_pid:
                 os._exit(0)
 
@@ -254,12 +245,11 @@ class DecodePool:
         """The result of ``fn`` from what a future of :meth:`submit` holds (its pickle)."""
         return pickle.loads(shipped)
 
-    def restart(self, *, kill: bool = False) -> None:
-        """Drop the current processes (a broken pool) and start new ones. ``kill``: SIGKILL the
-        old processes first (a hung or stopped one never exits on its own; SIGKILL ends a stopped
-        process too)."""
-        if kill:
-            self._kill()
+    def restart(self) -> None:
+        """Drop the current processes (a broken or hung pool) and start new ones. The old ones are
+        SIGKILLed first: a hung or stopped one never exits on its own (SIGKILL ends a stopped
+        process too), and their results are lost with the pool anyway."""
+        self._kill()
         self._ex.shutdown(wait=False, cancel_futures=True)
         self._ex = self._new()
 
@@ -394,18 +384,17 @@ class OrderedPrefetch:
             self._next = rseq + 1
 
     def _broken(self, why: str = "a decode worker died") -> None:
-        """A worker died (or hung): new processes; what was in flight on the old ones is
-        submitted again (or, if that fails too, decoded in the calling thread when taken). The
-        old pool's other processes are killed either way: their results are lost with the pool,
-        and one blocked writing a result nobody reads would keep the old pool's manager thread
-        (joined at exit) waiting for it."""
+        """A worker died (or hung): new processes (:meth:`DecodePool.restart` kills the old
+        pool's others: one blocked writing a result nobody reads would keep that pool's manager
+        thread, joined at exit, waiting for it); what was in flight on the old ones is submitted
+        again (or, if that fails too, decoded in the calling thread when taken)."""
         log.warning("%s; restarting the pool and resubmitting %d records", why, len(self._ahead))
         self._dropped.clear()  # the old pool fails them all (BrokenProcessPool)
         self._dropped_bytes = 0
         self.restarts += 1
         self.last_restart = (time.time(), why)
         try:
-            self.pool.restart(kill=True)
+            self.pool.restart()
         except Exception:  # noqa: BLE001 - keep going in-thread
             log.exception("restarting the decode pool failed")
         for rseq, (fut, payload) in list(self._ahead.items()):
