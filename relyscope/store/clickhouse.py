@@ -388,6 +388,11 @@ _TRIAL_COLS = [
 ]
 #: the columns of the trials table's key (ORDER BY of its ReplacingMergeTree): every row of one key
 #: agrees on them, so a filter on them may run before the latest row of each key is picked
+#: the select list of a trial read: the times as integer ns under their own aliases (a Python
+#: datetime keeps only µs; an alias named like its column would also shadow the column in WHERE)
+_TRIAL_SELECT = ", ".join(
+    f"toUnixTimestamp64Nano({c}) AS {c}_ns" if c in ("start_time", "end_time") else c
+    for c in _TRIAL_COLS if c != "version_ns")
 _TRIAL_KEY_COLS = frozenset(("agent", "version", "run_kind", "trial_id"))
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Step))
 
@@ -1104,7 +1109,7 @@ class Store:
             where.append("task_id IN %(taskids)s")
             params["taskids"] = sorted(set(task_ids)) or [""]
         where.append("status != 'superseded'")  # tombstones of re-keyed trials (trajectory builder)
-        sql = (f"SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')} "
+        sql = (f"SELECT {_TRIAL_SELECT} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
         if min_version_ns is not None:
             cols = ", ".join(c for c in _TRIAL_COLS if c != "version_ns")
@@ -1115,11 +1120,11 @@ class Store:
             inner = [w for w in where if w.split(" ", 1)[0] in _TRIAL_KEY_COLS] + ["version_ns > %(minv)s"]
             outer = [w for w in where if w.split(" ", 1)[0] not in _TRIAL_KEY_COLS]
             params["minv"] = int(min_version_ns)
-            sql = (f"SELECT {cols} FROM (SELECT {cols}, version_ns FROM {{db}}.trials WHERE {' AND '.join(inner)} "
+            sql = (f"SELECT {_TRIAL_SELECT} FROM (SELECT {cols}, version_ns FROM {{db}}.trials WHERE {' AND '.join(inner)} "
                    "ORDER BY version_ns DESC LIMIT 1 BY agent, version, run_kind, trial_id) "
                    f"WHERE {' AND '.join(outer)} ORDER BY trial_id")
         if most_recent is not None:
-            sql = (f"SELECT * FROM (SELECT {', '.join(c for c in _TRIAL_COLS if c != 'version_ns')}, version_ns "
+            sql = (f"SELECT * FROM (SELECT {_TRIAL_SELECT}, version_ns "
                    f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY version_ns DESC "
                    f"LIMIT {int(most_recent)}) ORDER BY trial_id")
         if limit is not None:
@@ -1134,8 +1139,8 @@ class Store:
                 agent_version=d["version"], run_kind=d["run_kind"], outcome=d["outcome"],
                 outcome_source=d["outcome_source"], outcome_score=d["outcome_score"],
                 claimed_success=d["claimed_success"], confidence=d["confidence"],
-                conversation_id=d["conversation_id"], start_ns=_ns(d["start_time"]),
-                end_ns=_ns(d["end_time"]),
+                conversation_id=d["conversation_id"], start_ns=int(d["start_time"]),
+                end_ns=int(d["end_time"]),
                 steps=_steps_from_json(d["steps"]),
                 input_tokens=d["input_tokens"], output_tokens=d["output_tokens"],
                 total_tokens=d["total_tokens"], cost_usd=d["cost_usd"],
@@ -1425,19 +1430,6 @@ def latest_scores_sql() -> str:
     return ("SELECT formula_set, agent, version, run_kind, metric, argMax(value, computed_at), "
             "argMax(ci_low, computed_at), argMax(ci_high, computed_at), argMax(n_tasks, computed_at) "
             "FROM {db}.scores GROUP BY formula_set, agent, version, run_kind, metric")
-
-
-def _ns(dt: Any) -> int:
-    if isinstance(dt, int):
-        return dt
-    try:
-        import datetime as _d
-
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=_d.timezone.utc)
-        return int(dt.timestamp()) * 1_000_000_000 + dt.microsecond * 1000
-    except Exception:  # noqa: BLE001
-        return 0
 
 
 def open_store(dsn: str) -> Store:
