@@ -386,13 +386,15 @@ _TRIAL_COLS = [
     "actions", "steps", "flags", "shadow_of", "perturbation_family", "perturbation_strength",
     "revision", "span_count", "evaluations", "version_ns", "task_input",
 ]
-#: the columns of the trials table's key (ORDER BY of its ReplacingMergeTree): every row of one key
-#: agrees on them, so a filter on them may run before the latest row of each key is picked
+#: what a trial read returns, in this order (``version_ns`` only orders and filters the rows)
+_TRIAL_READ_COLS = tuple(c for c in _TRIAL_COLS if c != "version_ns")
 #: the select list of a trial read: the times as integer ns under their own aliases (a Python
 #: datetime keeps only µs; an alias named like its column would also shadow the column in WHERE)
 _TRIAL_SELECT = ", ".join(
     f"toUnixTimestamp64Nano({c}) AS {c}_ns" if c in ("start_time", "end_time") else c
-    for c in _TRIAL_COLS if c != "version_ns")
+    for c in _TRIAL_READ_COLS)
+#: the columns of the trials table's key (ORDER BY of its ReplacingMergeTree): every row of one key
+#: agrees on them, so a filter on them may run before the latest row of each key is picked
 _TRIAL_KEY_COLS = frozenset(("agent", "version", "run_kind", "trial_id"))
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Step))
 
@@ -1112,7 +1114,6 @@ class Store:
         sql = (f"SELECT {_TRIAL_SELECT} "
                f"FROM {{db}}.trials FINAL WHERE {' AND '.join(where)} ORDER BY trial_id")
         if min_version_ns is not None:
-            cols = ", ".join(c for c in _TRIAL_COLS if c != "version_ns")
             # the latest row of each key among the recent ones is its latest row (as FINAL keeps);
             # only filters on the key's own columns may run before that pick — a filter on a
             # column that can differ between two rows of one key (trace, task, end time, status)
@@ -1120,7 +1121,7 @@ class Store:
             inner = [w for w in where if w.split(" ", 1)[0] in _TRIAL_KEY_COLS] + ["version_ns > %(minv)s"]
             outer = [w for w in where if w.split(" ", 1)[0] not in _TRIAL_KEY_COLS]
             params["minv"] = int(min_version_ns)
-            sql = (f"SELECT {_TRIAL_SELECT} FROM (SELECT {cols}, version_ns FROM {{db}}.trials WHERE {' AND '.join(inner)} "
+            sql = (f"SELECT {_TRIAL_SELECT} FROM (SELECT {', '.join(_TRIAL_READ_COLS)}, version_ns FROM {{db}}.trials WHERE {' AND '.join(inner)} "
                    "ORDER BY version_ns DESC LIMIT 1 BY agent, version, run_kind, trial_id) "
                    f"WHERE {' AND '.join(outer)} ORDER BY trial_id")
         if most_recent is not None:
@@ -1132,7 +1133,7 @@ class Store:
         rows = self.query(sql, params)
         out = []
         for r in rows:
-            d = dict(zip([c for c in _TRIAL_COLS if c != "version_ns"], r))
+            d = dict(zip(_TRIAL_READ_COLS, r))
             t = Trial(
                 trial_id=d["trial_id"], trace_id=d["trace_id"], root_span_id=d["root_span_id"],
                 task_id=d["task_id"], task_id_source=d["task_id_source"], agent_name=d["agent"],
