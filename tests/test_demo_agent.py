@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from statistics import mean
 
@@ -12,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from relyscope.demo import run_demo
+from relyscope.demo.agent import SimClock
 
 
 def _run(**kwargs):
@@ -176,3 +178,23 @@ def test_demo_trace_ids_repeat_per_seed():
 
     first = ids(7)
     assert first == ids(7) and len(set(first)) == len(first) and first != ids(8)
+
+
+def test_span_durations_repeat_per_seed():
+    """Two runs of the demo with one seed showed different C_res and R: a simulated run took ~1 ms
+    of real clock, so every duration (wall time is a C_res resource) was jitter. Durations now
+    come from a simulated clock: equal for a seed, plausible (a model call lasts at least
+    0.25 s × 0.85 of modelled time), every span inside its run's root span, and — the clock
+    being sped up — no span ends more than 2 s after the wall clock (at the modelled speed a run
+    would end up to a minute ahead of it)."""
+    _, spans = _run()
+    now = time.time_ns()
+    _, again = _run()
+    durations = [(s.name, s.end_time - s.start_time) for s in spans]
+    assert durations == [(s.name, s.end_time - s.start_time) for s in again]
+    assert all(d >= 0.2125e9 / SimClock.SPEEDUP for n, d in durations if n.startswith("chat "))
+    roots = {s.context.trace_id: s for s in spans if s.parent is None}
+    for s in spans:
+        root = roots[s.context.trace_id]
+        assert root.start_time <= s.start_time <= s.end_time <= root.end_time
+    assert max(s.end_time for s in spans) <= now + 2e9

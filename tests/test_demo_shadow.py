@@ -27,8 +27,9 @@ def test_demo_shows_robustness_and_gates(tmp_path):
             m = g["metrics"][key]
             assert m["value"] is not None and 0 <= m["value"] <= 1 and m["ci"] is not None
             assert m["ci"][0] <= m["value"] <= m["ci"][1]
-    # same code, same seeds: the equal candidate's replays are the incumbent's, exactly
-    same = ("success_rate", "R_fault", "R_env", "R_prompt")
+    # same code, same seeds: the equal candidate's replays are the incumbent's, exactly — durations
+    # too (a simulated clock: with the real one C_res, R_Con and R differed by jitter)
+    same = ("success_rate", "R_fault", "R_env", "R_prompt", "C_res", "R_Con", "R")
     assert [groups[("1.0.0", "shadow")]["metrics"][k]["value"] for k in same] == \
         [groups[("1.0.1", "shadow")]["metrics"][k]["value"] for k in same]
     verdicts = {g["candidate"]: g["verdict"] for g in rep["gates"]}

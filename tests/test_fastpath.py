@@ -248,7 +248,8 @@ def test_a_trace_split_over_two_requests_is_assembled_by_the_worker(chdb_dir):
 def _demo_requests(per_request: int) -> list[tuple[dict, bytes]]:
     """The demo agent's runs (tool faults, refusals, retries, confirmations, outcomes) recorded by
     the real OTel SDK and encoded by its OTLP exporter's encoder, ``per_request`` spans a request
-    in end order, as a BatchSpanProcessor sends them."""
+    in the order they ended, as a BatchSpanProcessor sends them (not sorted by end time: the
+    demo's simulated clock lets runs overlap in span time while they end one after another)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -260,7 +261,7 @@ def _demo_requests(per_request: int) -> list[tuple[dict, bytes]]:
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(mem))
     run_demo(tp, tasks=8, trials=3, seed=11)
-    spans = sorted(mem.get_finished_spans(), key=lambda s: s.end_time)
+    spans = mem.get_finished_spans()
     return [(PB, encode_spans(spans[i:i + per_request]).SerializeToString())
             for i in range(0, len(spans), per_request)]
 

@@ -2,8 +2,11 @@
 
 Deterministic given ``seed``: every (task, trial) draws from its own ``random.Random`` seeded with
 the string ``"{seed}:{task_id}:{trial}"`` (string seeds are hashed with SHA-512 by ``random``, so
-the stream does not depend on PYTHONHASHSEED). Only the span timestamps and ids vary between runs
-(real clock, random ids).
+the stream does not depend on PYTHONHASHSEED). Span times come from a simulated clock
+(:class:`SimClock`): a run starts at the wall clock and each model and tool call lasts a latency
+drawn from the run's own latency stream (sped up 100×), so durations — and every metric read from
+them, C_res and the reliability index R — repeat for a seed; only the absolute timestamps move
+(and the ids, unless :class:`SeededIdGenerator` is used).
 
 Each task has a tool plan, a per-call transient-fault probability (timeouts, HTTP 500s; retried up
 to twice with a ``recover`` decision) and a probability that the final action is right. The catalog
@@ -14,6 +17,7 @@ mostly failing ones (``exchange-item``, ``price-adjustment``), so pass^k differs
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +35,8 @@ from relyscope.instrumentation import (
     tool_call,
 )
 
-__all__ = ["DEMO_MODEL", "DEMO_PROVIDER", "TASKS", "DemoTask", "ToolStep", "run_demo", "task_by_id",
-           "task_entities", "task_request"]
+__all__ = ["DEMO_MODEL", "DEMO_PROVIDER", "TASKS", "DemoTask", "SimClock", "ToolStep", "run_demo",
+           "task_by_id", "task_entities", "task_request"]
 
 DEMO_MODEL = "sim-support-1"
 DEMO_PROVIDER = "relyscope.demo"
@@ -156,16 +160,63 @@ def _arg_value(key: str, rng: random.Random) -> Any:
     return makers[key]()
 
 
-def _chat(rng: random.Random, context_tokens: int, finish: str) -> int:
-    """One simulated model call; returns the grown context size (tokens)."""
-    with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as llm:
-        out = rng.randint(20, 180)
-        llm.set_usage(
-            input_tokens=context_tokens,
-            output_tokens=out,
-            cache_read_tokens=int(context_tokens * rng.uniform(0.3, 0.8)),
-        )
+class SimClock:
+    """The span times of one simulated run, in ns since the Unix epoch.
+
+    Starts at the wall clock (``start_ns``, default ``time.time_ns()``); :meth:`llm` and
+    :meth:`tool` advance it by a latency drawn from ``random.Random(f"latency:{key}")`` — a stream
+    of its own, so the run's behaviour draws are the same with or without it — and :meth:`gap` by
+    the agent's own work between two calls. Modelled latencies: a model call 0.25 s + 18 ms per
+    output token + 0.05 ms per input token, ×0.85–1.15; a tool call 40–350 ms, one that timed out
+    2–3 s; a gap 1–5 ms. The clock runs :attr:`SPEEDUP` times faster than that: a simulated run
+    takes ~1 ms of real time, so at the modelled speed its spans would end up to a minute after
+    the wall clock (backends such as Tempo refuse spans that far ahead, and the shadow sampler's
+    quiet period counts from a trial's end); sped up, a run ends within ~0.1–1.5 s of it. With
+    real clock times instead, a run's durations were its ~1 ms of jitter, so C_res (wall time is
+    one of its resources, metrics.md §3) and R differed between two runs of one seed."""
+
+    #: simulated seconds per second of the span clock
+    SPEEDUP = 100.0
+
+    def __init__(self, key: str, start_ns: int | None = None):
+        self._rng = random.Random(f"latency:{key}")
+        self.now = time.time_ns() if start_ns is None else int(start_ns)
+
+    def _advance(self, seconds: float) -> int:
+        """Move :attr:`now` on by ``seconds`` of modelled latency (scaled by :attr:`SPEEDUP`)."""
+        self.now += int(seconds * 1e9 / self.SPEEDUP)
+        return self.now
+
+    def llm(self, input_tokens: int, output_tokens: int) -> int:
+        """End of a model call started at :attr:`now` (and the new :attr:`now`)."""
+        return self._advance((0.25 + 0.018 * output_tokens + 0.00005 * input_tokens) * self._rng.uniform(0.85, 1.15))
+
+    def tool(self, error_type: str | None) -> int:
+        """End of a tool call started at :attr:`now`; ``error_type`` ``timeout`` takes 2–3 s."""
+        return self._advance(self._rng.uniform(2.0, 3.0) if error_type == "timeout" else self._rng.uniform(0.04, 0.35))
+
+    def gap(self) -> int:
+        """The agent's own work between two calls."""
+        return self._advance(self._rng.uniform(0.001, 0.005))
+
+
+def _model(clock: SimClock, input_tokens: int, output_tokens: int, finish: str, decision: tuple[str, str] | None = None,
+           cache_read_tokens: int | None = None) -> None:
+    """One simulated model call from :attr:`SimClock.now`, with its usage, finish reason and
+    (optional) decision ``(kind, reason)``."""
+    with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER, start_time=clock.now) as llm:
+        llm.set_usage(input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cache_read_tokens)
         llm.set_response(model=DEMO_MODEL, finish_reasons=[finish])
+        if decision is not None:
+            record_decision(decision[0], reason=decision[1])
+        llm.set_end_time(clock.llm(input_tokens, output_tokens))
+    clock.gap()
+
+
+def _chat(rng: random.Random, context_tokens: int, finish: str, clock: SimClock) -> int:
+    """One simulated model call; returns the grown context size (tokens)."""
+    out = rng.randint(20, 180)
+    _model(clock, context_tokens, out, finish, cache_read_tokens=int(context_tokens * rng.uniform(0.3, 0.8)))
     return context_tokens + out + rng.randint(40, 400)
 
 
@@ -261,6 +312,7 @@ def _run_once(
                         else f"{seed}:{task_id}:replay:{replay.seed}")
     request = request if request is not None else task_request(task, ent)
     ent = _parse_entities(request, ent)
+    clock = SimClock(f"{seed}:{task_id}:{trial}" if replay is None else f"{seed}:{task_id}:replay:{replay.seed}")
     with agent_run(
         agent_name,
         task_id=task_id,
@@ -269,12 +321,11 @@ def _run_once(
         conversation_id=f"demo-{seed}-{task_id}-{trial}",
         tracer_provider=tracer_provider,
         input=request,
-    ):
+        start_time=clock.now,
+    ) as run:
+        clock.gap()
         ctx = rng.randint(600, 1200)
-        with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as plan:
-            plan.set_usage(input_tokens=ctx, output_tokens=rng.randint(30, 120))
-            plan.set_response(model=DEMO_MODEL, finish_reasons=["tool_calls"])
-            record_decision("act", reason=f"plan for: {task.request}")
+        _model(clock, ctx, rng.randint(30, 120), "tool_calls", ("act", f"plan for: {task.request}"))
         ctx += rng.randint(100, 300)
         correct = rng.random() < _clamp01(task.p_correct + quality)
 
@@ -282,10 +333,7 @@ def _run_once(
         steps = task.steps + (ToolStep("send_reply", "write", ("customer_id", "resolution")),)
         for step in steps:
             if step.side_effect == "irreversible" and rng.random() < P_CONFIRM:
-                with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as ask:
-                    ask.set_usage(input_tokens=ctx, output_tokens=rng.randint(15, 60))
-                    ask.set_response(model=DEMO_MODEL, finish_reasons=["stop"])
-                    record_decision("confirm", reason=f"{step.name} cannot be undone")
+                _model(clock, ctx, rng.randint(15, 60), "stop", ("confirm", f"{step.name} cannot be undone"))
                 ctx += rng.randint(30, 90)
             args = {k: (task_id if k == "resolution" else ent[k]) for k in step.arg_keys}
             final = step is steps[-2] if len(steps) > 1 else True
@@ -303,6 +351,7 @@ def _run_once(
                     side_effect=step.side_effect,
                     call_id=f"call_{rng.getrandbits(48):012x}",
                     arguments=args,
+                    start_time=clock.now,
                 ) as tool:
                     try:
                         got = _usable(tool.execute(service))
@@ -315,24 +364,21 @@ def _run_once(
                         tool.set_error(e.error_type, str(e))
                     except ToolFault as e:  # what the sandbox injected (or could not answer)
                         error_type = e.error_type
+                    tool.set_end_time(clock.tool(error_type))
+                clock.gap()
                 if error_type is None:
                     break
                 if attempt < MAX_RETRIES:
                     # the retry decision sits on the model call that chose it
                     ctx += rng.randint(30, 80)
-                    with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as retry:
-                        retry.set_usage(input_tokens=ctx, output_tokens=rng.randint(10, 40))
-                        retry.set_response(model=DEMO_MODEL, finish_reasons=["tool_calls"])
-                        record_decision("recover", reason=f"retry {step.name} after {error_type}")
+                    _model(clock, ctx, rng.randint(10, 40), "tool_calls",
+                           ("recover", f"retry {step.name} after {error_type}"))
                 else:
-                    with llm_call(DEMO_MODEL, provider=DEMO_PROVIDER) as stop:
-                        stop.set_usage(input_tokens=ctx, output_tokens=rng.randint(20, 60))
-                        stop.set_response(model=DEMO_MODEL, finish_reasons=["stop"])
-                        record_decision("stop", reason=f"{step.name} keeps failing")
+                    _model(clock, ctx, rng.randint(20, 60), "stop", ("stop", f"{step.name} keeps failing"))
                     gave_up = True
             if gave_up:
                 break
-            ctx = _chat(rng, ctx, "tool_calls" if step is not steps[-1] else "stop")
+            ctx = _chat(rng, ctx, "tool_calls" if step is not steps[-1] else "stop", clock)
 
         success = (not gave_up) and correct
         # Claims: a successful agent says so; a failing one over-claims sometimes (more often
@@ -343,6 +389,7 @@ def _run_once(
         record_confidence(round(confidence, 4))
         if replay is None:  # the environment check exists in production only
             record_outcome(success, source=OUTCOME_SOURCE)
+        run.set_end_time(clock.gap())
     return success
 
 
