@@ -17,6 +17,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+#: The largest count (tokens, calls, …) the model holds: 2^53 − 1, the largest integer a float64 —
+#: and so a JSON reader, a Prometheus sample or a ClickHouse Float64 — holds exactly. A count sent
+#: larger is no count (unknown), and a trial's token sum past it is unknown too (flag
+#: ``token_count_overflow``): the store's UInt64 columns refused such a sum, and the whole trial was
+#: dropped as unstorable.
+MAX_COUNT = (1 << 53) - 1
+
 # "use the default factory" marker of the generated __init__ (dataclasses' own, shown as <factory>)
 _FACTORY = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", object())
 

@@ -90,7 +90,7 @@ from typing import Iterable, Mapping, Sequence
 
 import zstandard
 
-from relyscope.model import CanonicalSpan, Evaluation, Op, SpanSemantics, Step, Trial
+from relyscope.model import MAX_COUNT, CanonicalSpan, Evaluation, Op, SpanSemantics, Step, Trial
 
 __all__ = ["TrajectoryBuilder", "assemble", "assemble_ahead", "task_fingerprint", "sessions", "SUPERSEDED"]
 
@@ -465,19 +465,23 @@ def _causal_key(steps: list[Step], spans: Spans, members: list[str]):
 
 
 class _Usage:
-    """Token sums that stay None until a span reports a count (unknown is not zero)."""
+    """Token sums that stay None until a span reports a count (unknown is not zero). A sum past
+    :data:`~relyscope.model.MAX_COUNT` becomes unknown for good (``overflow``): no later span
+    brings it back."""
 
-    __slots__ = ("input", "output", "total", "missing")
+    __slots__ = ("input", "output", "total", "missing", "overflow")
 
     def __init__(self) -> None:
         self.input: int | None = None
         self.output: int | None = None
         self.total: int | None = None
         self.missing = 0  # spans added that reported no token count at all
+        self.overflow: set[str] = set()  # the sums that went past MAX_COUNT
 
     @property
     def known(self) -> bool:
-        return self.input is not None or self.output is not None or self.total is not None
+        """Some span reported a count (a sum that overflowed included: its source is this one)."""
+        return self.input is not None or self.output is not None or self.total is not None or bool(self.overflow)
 
     def add(self, sem: SpanSemantics) -> None:
         i, o, t = sem.input_tokens, sem.output_tokens, sem.total_tokens
@@ -487,11 +491,20 @@ class _Usage:
             self.missing += 1
             return
         if i is not None:
-            self.input = (self.input or 0) + i
+            self.input = self._sum("input", self.input, i)
         if o is not None:
-            self.output = (self.output or 0) + o
+            self.output = self._sum("output", self.output, o)
         if t is not None:
-            self.total = (self.total or 0) + t
+            self.total = self._sum("total", self.total, t)
+
+    def _sum(self, name: str, acc: int | None, n: int) -> int | None:
+        if name in self.overflow:
+            return None
+        acc = (acc or 0) + n
+        if acc > MAX_COUNT:
+            self.overflow.add(name)
+            return None
+        return acc
 
 
 def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, reattached: set[str],
@@ -664,6 +677,8 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         u = usage
     if u is usage and usage.missing and usage.known:
         flags.add("partial_usage")  # some model calls reported no usage: the sums are lower bounds
+    if u.overflow:
+        flags.add("token_count_overflow")  # a sum past MAX_COUNT: unknown, not stored wrapped
     steps.sort(key=_causal_key(steps, spans, members))
     return Trial(
         trial_id=str(rsem.trial_id) if rsem.trial_id else f"{trace_id}:{root or 'virtual'}",

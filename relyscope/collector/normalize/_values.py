@@ -9,6 +9,8 @@ import json
 import math
 from typing import Any, Iterable, Mapping
 
+from relyscope.model import MAX_COUNT
+
 __all__ = [
     "first",
     "decode_json_once",
@@ -66,19 +68,21 @@ def as_str(value: Any) -> str | None:
 
 
 def as_int(value: Any) -> int | None:
-    """Non-negative integer count from int, integral float or decimal string; else None."""
+    """Non-negative integer count (at most :data:`relyscope.model.MAX_COUNT`) from int, integral
+    float or decimal string; else None (unknown)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if value >= 0 else None
+        return value if 0 <= value <= MAX_COUNT else None
     if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer() and value >= 0:
+        if math.isfinite(value) and value.is_integer() and 0 <= value <= MAX_COUNT:
             return int(value)
         return None
     if isinstance(value, str):
         s = value.strip()
-        if s.isdigit():
-            return int(s)
+        if s.isdigit() and len(s.lstrip("0")) <= 16:  # MAX_COUNT has 16 digits: no big-int parse of more
+            n = int(s)
+            return n if n <= MAX_COUNT else None
     return None
 
 
