@@ -26,6 +26,9 @@ Accepted input (OTLP 1.x, opentelemetry-proto 1.x):
   ignored), ``Content-Encoding`` gzip, deflate (zlib or raw), zstd, identity;
 - gRPC: an already parsed ``ExportTraceServiceRequest`` (or the output of
   :func:`deserialize_request`, which survives invalid UTF-8 that upb refuses to parse);
+- protobuf a whole parse refuses (upb's depth limit, bytes that are no message): the request is
+  parsed with its spans as byte strings and each span alone; a span that still fails is rejected
+  (reason ``malformed``) and the rest of its batch is kept;
 - OTLP/JSON tolerances, each counted in ``DecodeResult.warnings``: base64 ids (``base64_id``),
   snake_case keys (``snake_case_keys``), uppercase hex (``uppercase_hex``), enum names as strings
   (``enum_name``), 64-bit integers as JSON numbers or strings.

@@ -176,7 +176,7 @@ def _span_pb(sp: Any, resource: dict, scope_name: str, scope_version: str, lim: 
                          frozenset(fl) if fl else _EMPTY_FLAGS, raw_end, drops[0])
 
 
-def _walk_pb(req: Any, lim: Limits, bad: _BadUtf8 | None = None) -> DecodeResult:
+def _walk_pb(req: Any, lim: Limits, bad: _Repairs | None = None) -> DecodeResult:
     batch = _Batch(PB_REPORTED_FLAGS)
     for ri, rs in enumerate(req.resource_spans):
         try:
@@ -197,8 +197,13 @@ def _walk_pb(req: Any, lim: Limits, bad: _BadUtf8 | None = None) -> DecodeResult
             base = frozenset(sfl) if sfl else _EMPTY_FLAGS
             for pi, sp in enumerate(ss.spans):
                 flags = base
-                if bad is not None and (ri, si, pi) in bad.spans:
-                    flags = base | {"invalid_utf8"}
+                if bad is not None:
+                    if (ri, si, pi) in bad.undecodable:
+                        batch.reject(f"span {pi} (scope {si}) of resource {ri}", bad.undecodable[(ri, si, pi)],
+                                     "malformed")
+                        continue
+                    if (ri, si, pi) in bad.spans:
+                        flags = base | {"invalid_utf8"}
                 try:
                     batch.add(_span_pb(sp, resource, sname, sversion, lim, flags))
                 except _Rejected as rej:
@@ -215,7 +220,7 @@ def _walk_pb(req: Any, lim: Limits, bad: _BadUtf8 | None = None) -> DecodeResult
 _RESOURCE_LIMITS = Limits(max_attributes=1 << 30)
 
 
-def _validate_pb(req: Any, lim: Limits = _DEFAULT_LIMITS, bad: "_BadUtf8 | None" = None) -> Validation:
+def _validate_pb(req: Any, lim: Limits = _DEFAULT_LIMITS, bad: "_Repairs | None" = None) -> Validation:
     """The reply fields of ``_walk_pb(req, lim, bad)`` without building spans (see :class:`Validation`).
 
     Mirrors ``_walk_pb`` step for step. ``_walk_pb`` rejects a span (a) when ``_pb_id`` refuses its
@@ -255,6 +260,11 @@ def _validate_pb(req: Any, lim: Limits = _DEFAULT_LIMITS, bad: "_BadUtf8 | None"
             if bad is not None and (ri, si) in bad.scopes:
                 sfl = rfl | {"invalid_utf8"}
             for pi, sp in enumerate(ss.spans):
+                if bad is not None and (ri, si, pi) in bad.undecodable:
+                    rejected += 1
+                    errors.append(f"span {pi} (scope {si}) of resource {ri}: {bad.undecodable[(ri, si, pi)]}")
+                    reasons["malformed"] += 1
+                    continue
                 tid = sp.trace_id
                 sid = sp.span_id
                 if len(tid) == 16 and len(sid) == 8 and tid != _Z16 and sid != _Z8:
@@ -368,9 +378,12 @@ def _scan_any_pb(v: Any, max_len: int | None, fl: set, depth: int) -> None:
 # upb validates UTF-8 in proto3 string fields and fails the whole parse on one bad byte
 # (C08). The wire format of `string` and `bytes` is identical, so a copy of the schema with
 # bytes fields parses anything; we repair the strings (U+FFFD) and re-parse strictly.
+# The split schema also types ScopeSpans.spans `bytes` (a message field's wire format is bytes):
+# when one span cannot be parsed (nesting past upb's depth limit, bad bytes), the request parses
+# with its spans as byte strings, each is parsed alone and only the undecodable ones are rejected.
 
 
-def _build_lenient() -> tuple[Any, frozenset[str]]:
+def _build_lenient(split: bool = False) -> tuple[descriptor_pool.DescriptorPool, frozenset[str]]:
     pool = descriptor_pool.DescriptorPool()
     string_fields: set[str] = set()
 
@@ -379,6 +392,9 @@ def _build_lenient() -> tuple[Any, frozenset[str]]:
             if f.type == FieldDescriptor.TYPE_STRING:
                 f.type = FieldDescriptor.TYPE_BYTES
                 string_fields.add(f"{prefix}.{msg.name}.{f.name}")
+            elif split and f"{prefix}.{msg.name}.{f.name}" == "opentelemetry.proto.trace.v1.ScopeSpans.spans":
+                f.type = FieldDescriptor.TYPE_BYTES
+                f.ClearField("type_name")
         for nested in msg.nested_type:
             fix(nested, f"{prefix}.{msg.name}")
 
@@ -388,18 +404,28 @@ def _build_lenient() -> tuple[Any, frozenset[str]]:
         for m in fdp.message_type:
             fix(m, fdp.package)
         pool.Add(fdp)
-    desc = pool.FindMessageTypeByName(ExportTraceServiceRequest.DESCRIPTOR.full_name)
-    return message_factory.GetMessageClass(desc), frozenset(string_fields)
+    return pool, frozenset(string_fields)
 
 
-_LenientRequest, _LENIENT_STRING_FIELDS = _build_lenient()
+def _message_class(pool: descriptor_pool.DescriptorPool, strict: Any) -> Any:
+    """The class of ``pool`` for the message type of the strict class ``strict``."""
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(strict.DESCRIPTOR.full_name))
+
+
+_LENIENT_POOL, _LENIENT_STRING_FIELDS = _build_lenient()
+_LenientRequest = _message_class(_LENIENT_POOL, ExportTraceServiceRequest)
+_SplitRequest = _message_class(_build_lenient(split=True)[0], ExportTraceServiceRequest)
 
 
 @dataclass
-class _BadUtf8:
+class _Repairs:
+    """What parsing a request repaired: invalid UTF-8 (by resource, scope and span position) and
+    the spans that could not be parsed at all (position → reason)."""
+
     resources: set[int] = field(default_factory=set)
     scopes: set[tuple[int, int]] = field(default_factory=set)
     spans: set[tuple[int, int, int]] = field(default_factory=set)
+    undecodable: dict[tuple[int, int, int], str] = field(default_factory=dict)
 
 
 def _repair_lenient(msg: Any) -> bool:
@@ -435,20 +461,68 @@ def _fix_bytes(b: bytes) -> bytes | None:
         return b.decode("utf-8", "replace").encode("utf-8")
 
 
-def _parse_pb(body: bytes) -> tuple[Any, _BadUtf8 | None]:
-    """Parse protobuf bytes strictly, falling back to the lenient schema on invalid UTF-8."""
+def _parse_pb(body: bytes) -> tuple[Any, _Repairs | None]:
+    """Parse protobuf bytes strictly, falling back to the lenient schema on invalid UTF-8, then to
+    a span-by-span parse (:func:`_salvage`). Raises OTLPRequestError when even that fails."""
     try:
         return ExportTraceServiceRequest.FromString(body), None
     except Exception as strict_exc:  # noqa: BLE001 - upb raises DecodeError; anything else is 400 too
         try:
             lenient = _LenientRequest.FromString(body)
         except Exception:  # noqa: BLE001
-            raise OTLPRequestError(f"cannot decode protobuf body: {strict_exc}") from None
+            return _salvage(body, strict_exc)
     return _from_lenient(lenient)
 
 
-def _from_lenient(lenient: Any) -> tuple[Any, _BadUtf8]:
-    bad = _BadUtf8()
+def _parse_into(msg: Any, data: bytes) -> bool:
+    """Parse ``data`` into the strict message ``msg``, repairing invalid UTF-8 on the way (True
+    when it did). Raises what upb raises when the bytes cannot be parsed at all."""
+    try:
+        msg.ParseFromString(data)
+        return False
+    except Exception:  # noqa: BLE001 - retried leniently; a second failure propagates
+        lenient = _message_class(_LENIENT_POOL, type(msg)).FromString(data)
+        _repair_lenient(lenient)
+        msg.ParseFromString(lenient.SerializeToString())
+        return True
+
+
+def _salvage(body: bytes, exc: Exception) -> tuple[Any, _Repairs]:
+    """The request a whole parse refused, rebuilt span by span: its envelope (resources, scopes)
+    parsed with the spans as byte strings, each span parsed alone into a request built in memory
+    (so a span at upb's depth limit still fits: a lone span is 3 levels shallower); a span that
+    cannot be parsed is left empty and named in ``undecodable`` (the walkers reject it with its
+    reason). Raises OTLPRequestError (400) when the envelope itself cannot be parsed."""
+    try:
+        split = _SplitRequest.FromString(body)
+    except Exception:  # noqa: BLE001
+        raise OTLPRequestError(f"cannot decode protobuf body: {exc}") from None
+    req = ExportTraceServiceRequest()
+    rep = _Repairs()
+    for ri, srs in enumerate(split.resource_spans):
+        rs = req.resource_spans.add()
+        try:
+            if srs.HasField("resource") and _parse_into(rs.resource, srs.resource.SerializeToString()):
+                rep.resources.add(ri)
+            for si, sss in enumerate(srs.scope_spans):
+                ss = rs.scope_spans.add()
+                if sss.HasField("scope") and _parse_into(ss.scope, sss.scope.SerializeToString()):
+                    rep.scopes.add((ri, si))
+                for pi, raw in enumerate(sss.spans):
+                    sp = ss.spans.add()
+                    try:
+                        if _parse_into(sp, raw):
+                            rep.spans.add((ri, si, pi))
+                    except Exception as span_exc:  # noqa: BLE001 - this span only
+                        sp.Clear()
+                        rep.undecodable[(ri, si, pi)] = f"cannot decode span: {span_exc}"
+        except Exception:  # noqa: BLE001 - a resource or scope that cannot be parsed alone either
+            raise OTLPRequestError(f"cannot decode protobuf body: {exc}") from None
+    return req, rep
+
+
+def _from_lenient(lenient: Any) -> tuple[Any, _Repairs]:
+    bad = _Repairs()
     for ri, rs in enumerate(lenient.resource_spans):
         if rs.HasField("resource") and _repair_lenient(rs.resource):
             bad.resources.add(ri)
@@ -474,11 +548,21 @@ class _Undecodable:
         self.reason = reason
 
 
+class _Parsed:
+    """A request :func:`_parse_pb` had to repair or salvage, with its :class:`_Repairs`."""
+
+    __slots__ = ("req", "repairs")
+
+    def __init__(self, req: Any, repairs: _Repairs | None):
+        self.req, self.repairs = req, repairs
+
+
 def deserialize_request(data: bytes) -> Any:
     """A gRPC ``request_deserializer`` that never raises.
 
-    Returns an ``ExportTraceServiceRequest`` (invalid UTF-8 is kept and repaired later by
-    :func:`decode_request`), or a marker object for which :func:`decode_request` raises
+    Returns an ``ExportTraceServiceRequest``, or — when a strict parse fails — a marker object:
+    the request :func:`_parse_pb` repaired (invalid UTF-8) or salvaged span by span, which
+    :func:`decode_request` decodes as :func:`decode_http` would, or one for which it raises
     ``OTLPRequestError`` (INVALID_ARGUMENT). grpcio turns an exception in a deserializer into an
     INTERNAL status, which OTLP clients may retry forever; this avoids it.
     """
@@ -486,9 +570,9 @@ def deserialize_request(data: bytes) -> Any:
         return ExportTraceServiceRequest.FromString(data)
     except Exception:  # noqa: BLE001
         try:
-            return _LenientRequest.FromString(data)
-        except Exception as exc:  # noqa: BLE001
-            return _Undecodable(f"cannot decode protobuf body: {exc}")
+            return _Parsed(*_parse_pb(data))
+        except OTLPRequestError as exc:
+            return _Undecodable(exc.message)
 
 
 def decode_request(req: Any, limits: Limits = _DEFAULT_LIMITS) -> DecodeResult:
@@ -505,8 +589,8 @@ def decode_request(req: Any, limits: Limits = _DEFAULT_LIMITS) -> DecodeResult:
         if isinstance(req, _Undecodable):
             raise OTLPRequestError(req.reason)
         bad = None
-        if isinstance(req, _LenientRequest):
-            req, bad = _from_lenient(req)
+        if isinstance(req, _Parsed):
+            req, bad = req.req, req.repairs
         return _walk_pb(req, limits, bad)
     except OTLPRequestError:
         raise
