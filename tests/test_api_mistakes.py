@@ -144,7 +144,8 @@ def test_trials_cursor_paging_visits_each_trial_once(sc):
         if cursor is None:
             break
     assert pages == 2 and seen == [TRACE.format(i) for i in (1, 2, 3, 4)]  # trial ids sort as traces
-    for bad in ("not-a-cursor!", "e30"):
+    # the last: ["trials", "\ud800"], a lone surrogate — a 503 "query failed" with the SQL in it
+    for bad in ("not-a-cursor!", "e30", "WyJ0cmlhbHMiLCJcdWQ4MDAiXQ"):
         r = sc.get("/api/v1/trials", params={"cursor": bad})
         assert r.status_code == 422 and "cursor" in r.text, r.text
     r = sc.get("/api/v1/trials", params={"limit": 0})
@@ -165,6 +166,8 @@ def test_sessions_cursor_paging(sc):
     # a trials cursor is not a sessions cursor
     t = sc.get("/api/v1/trials", params={"limit": 1}).json()["next_cursor"]
     assert sc.get("/api/v1/sessions", params={"cursor": t}).status_code == 422
+    r = sc.get("/api/v1/sessions", params={"cursor": "WyJzZXNzaW9ucyIsIlx1ZDgwMCJd"})  # ["sessions", "\ud800"]
+    assert r.status_code == 422 and "invalid cursor" in r.text, r.text
 
 
 def test_unknown_history_metric_names_the_valid_ones(sc):

@@ -126,7 +126,8 @@ class _Cursor:
             k, last = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
             if k != kind or not isinstance(last, str):
                 raise ValueError
-        except (ValueError, TypeError, binascii.Error):
+            last.encode("utf-8")  # a lone surrogate (JSON "\\ud800") is no key the store can compare
+        except (ValueError, TypeError, binascii.Error):  # UnicodeError is a ValueError
             raise HTTPException(422, f"invalid cursor {cursor[:80]!r}: pass next_cursor of a previous "
                                 f"{kind} page unchanged") from None
         return last
