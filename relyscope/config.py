@@ -263,9 +263,13 @@ class Settings(BaseSettings):
     @field_validator("drift_current", "drift_reference")
     @classmethod
     def _drift_window(cls, v: str) -> str:
-        from relyscope.scoring.windows import parse_windows
+        from relyscope.scoring.windows import parse_window
 
-        if len(parse_windows(v)) != 1 or parse_windows(v)[0][1] is None:
+        try:
+            length = parse_window(v)[1]
+        except ValueError:
+            length = None
+        if length is None:
             raise ValueError(f"bad drift window {v!r}: one window like 1h or 24h (not 'all')")
         return v
 

@@ -24,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from relyscope.cli._api import DEFAULT_API, api_option
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
 import_app = typer.Typer(no_args_is_help=True, help="Import benchmark results as OTLP spans.")
@@ -65,7 +67,6 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
                                        help="print the version and exit")) -> None:
     """relyscope: reliability scoring for AI agents, from OpenTelemetry spans."""
 
-DEFAULT_API = "http://127.0.0.1:9464"
 
 
 def _progress() -> Progress:
@@ -303,10 +304,10 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
     from relyscope.store import Store
 
     from relyscope.scoring.rollup import window_start
-    from relyscope.scoring.windows import parse_windows
+    from relyscope.scoring.windows import parse_window
     from relyscope.shadow.grading import load_resolved
 
-    length = parse_windows(window)[0][1] if window else None
+    length = parse_window(window)[1] if window else None
     policy_file = policy_file or _settings().policy_file  # RELYSCOPE_POLICY_FILE, as the sidecar reads it
     policy = _load_policy_or_exit(policy_file)
     st = Store(dsn)
@@ -347,7 +348,7 @@ def _score_trials(trials, n_boot: int, policy_file: Optional[str] = None, window
 @app.command()
 def report(
     format: Fmt = typer.Option(Fmt.table, "--format", help="table or json (metrics.md §11 shape)"),
-    api: Optional[str] = typer.Option(None, "--api", help=f"URL of a running sidecar's API (default {DEFAULT_API})"),
+    api: Optional[str] = api_option(),
     store: Optional[str] = typer.Option(None, help="read this store (chdb:///path or http(s)://…/db) instead of "
                                         "asking a sidecar; without it: the sidecar at --api, else RELYSCOPE_STORE"),
     token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API"),
@@ -361,10 +362,10 @@ def report(
     RELYSCOPE_STORE is read. The header says which source the report came from (JSON:
     ``source``)."""
     if window:
-        from relyscope.scoring.windows import parse_windows
+        from relyscope.scoring.windows import parse_window
 
         try:
-            parse_windows(window)
+            parse_window(window)
         except ValueError as e:
             err.print(f"[red]--window: {e}[/red]")
             raise typer.Exit(2) from None
@@ -458,7 +459,7 @@ def _sidecar_store(api: str) -> Optional[str]:
 @app.command()
 def history(
     metric: str = typer.Argument(..., help="metric key, e.g. pass^1, C_out, R (metrics.md §11)"),
-    api: str = typer.Option(DEFAULT_API, "--api", help="URL of a running sidecar's API"),
+    api: str = api_option(DEFAULT_API),
     agent: Optional[str] = typer.Option(None), version: Optional[str] = typer.Option(None),
     run_kind: Optional[str] = typer.Option(None, "--run-kind"),
     token: Optional[str] = typer.Option(None, envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API"),

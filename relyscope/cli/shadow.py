@@ -16,6 +16,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from relyscope.cli._api import DEFAULT_API, api_option
+
 shadow_app = typer.Typer(no_args_is_help=True, help="Shadow replays of sampled production tasks.")
 
 EXIT = {"pass": 0, "block": 1, "error": 2, "inconclusive": 3}
@@ -82,7 +84,7 @@ def _detail(r) -> str:
     return str(d)
 
 
-_API = typer.Option("http://127.0.0.1:9464", "--api", help="URL of a running sidecar's API")
+_API = api_option(DEFAULT_API)
 _TOKEN = typer.Option(None, "--token", envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API")
 
 

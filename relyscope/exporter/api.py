@@ -412,10 +412,10 @@ def window_refusal(settings, scoring, name: str) -> str | None:
         return None
     configured = [n for n, _ in scoring.windows]
     if settings.incremental_scoring or name not in configured + ["all"]:
-        from relyscope.scoring.windows import parse_windows
+        from relyscope.scoring.windows import parse_window
 
         try:
-            [(_, length)] = parse_windows(name)
+            _, length = parse_window(name)
         except ValueError as e:  # not a window at all (or a list of them)
             return f"unknown window {name!r}: {e}; this sidecar scores {', '.join(computed)}"
         same = [n for n, ln in scoring.windows if ln == length and n in computed]

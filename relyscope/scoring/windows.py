@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["parse_windows", "window_name", "DEFAULT_WINDOWS"]
+__all__ = ["parse_window", "parse_windows", "window_name", "DEFAULT_WINDOWS"]
 
 DEFAULT_WINDOWS: Final = "5m,1h,24h,7d,all"
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -37,6 +37,16 @@ def parse_windows(spec: str) -> list[tuple[str, float | None]]:
         if name not in [n for n, _ in out]:
             out.append((name, length))
     return out
+
+
+def parse_window(spec: str) -> tuple[str, float | None]:
+    """One window: ``"1h"`` → ``("1h", 3600.0)``, ``"all"`` → ``("all", None)``. Raises ValueError
+    naming the bad entry, or — for a list such as ``"1h,5m"`` — saying that one window is wanted
+    (unpacking :func:`parse_windows` answered "too many values to unpack")."""
+    windows = parse_windows(spec)
+    if len(windows) != 1:
+        raise ValueError(f"one window is wanted, got {len(windows)} ({', '.join(n for n, _ in windows)})")
+    return windows[0]
 
 
 def window_name(seconds: float) -> str:

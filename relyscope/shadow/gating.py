@@ -159,7 +159,7 @@ def parse_since(value: str | float | None, *, now: float | None = None) -> float
     import datetime as _dt
     import math
 
-    from relyscope.scoring.windows import parse_windows
+    from relyscope.scoring.windows import parse_window
 
     if value is None:
         return None
@@ -175,7 +175,7 @@ def parse_since(value: str | float | None, *, now: float | None = None) -> float
             pass
         if t is None and (text[:1].isdigit() and text[-1:] in "smhd" and text[:-1].isdigit()):
             try:
-                (_, length), = parse_windows(text)
+                _, length = parse_window(text)
             except ValueError:
                 raise ValueError(f"since {value!r}: a duration must be more than 0 (90m, 2h, 1d)") from None
             t = now - float(length)
