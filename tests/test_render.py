@@ -38,3 +38,12 @@ def test_history_table():
     assert "pass^1 over time — a 1 [production]" in text
     assert "1970-01-01 00:00:00" in text and "1970-01-01 00:01:00" in text
     assert "█" * 15 in text  # 0.5 of a 30-wide bar
+
+
+def test_claim_outcome_mismatches_are_in_the_table():
+    """The README says an agent's claims that contradict its outcome are "counted in the report":
+    the JSON had ``claim_outcome_mismatches``, the table a person reads did not show it."""
+    group = {"agent": "a", "version": "1", "run_kind": "production", "tasks": 1, "trials": 9, "metrics": {}}
+    text = _text(render_report, {"groups": [{**group, "claim_outcome_mismatches": 23}]})
+    assert "claim/outcome mismatches: 23 trials" in text
+    assert "mismatch" not in _text(render_report, {"groups": [{**group, "claim_outcome_mismatches": 0}]})

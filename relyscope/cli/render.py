@@ -185,6 +185,9 @@ def _render_sections(console: Console, g: dict) -> None:
     _table(console, f"policy violations (by rule and severity){sfx}", g.get("violations") or [])
     if g.get("hard_gate_failures"):
         console.print(f"[bold red]hard-gate failures: {g['hard_gate_failures']} trials{escape(sfx)}[/bold red]")
+    if g.get("claim_outcome_mismatches"):
+        console.print(f"claim/outcome mismatches: {g['claim_outcome_mismatches']} trials whose claim "
+                      f"(relyscope.claimed_success) contradicts their outcome{escape(sfx)}")
     att = g.get("attribution")
     if att:
         rows = [{"measure": k, "value": v} for k, v in att.items() if k != "by_category"]
