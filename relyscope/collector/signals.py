@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.unknown_fields import UnknownFieldSet
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
@@ -118,17 +119,65 @@ def _hex_ids_to_b64(obj: Any, keys: tuple[str, ...]) -> None:
             _hex_ids_to_b64(x, keys)
 
 
+# the top-level key of each OTLP/JSON request, and the path to the leaf messages of each protobuf one
+_JSON_KEYS = {"resourceSpans": "traces", "resource_spans": "traces", "resourceLogs": "logs",
+              "resource_logs": "logs", "resourceMetrics": "metrics", "resource_metrics": "metrics",
+              "resourceProfiles": "profiles", "resource_profiles": "profiles"}
+_LEAVES = {"logs": ("resource_logs", "scope_logs", "log_records"),
+           "metrics": ("resource_metrics", "scope_metrics", "metrics")}
+
+
 def _parse(body: bytes, is_json: bool, msg_type: Any, id_keys: tuple[str, ...], what: str) -> Any:
     try:
         if is_json:
             doc = _json.loads(body)
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
-            _hex_ids_to_b64(doc, id_keys)
-            return json_format.ParseDict(doc, msg_type(), ignore_unknown_fields=True)
-        return msg_type.FromString(body)
+        else:
+            req = msg_type.FromString(body)
     except Exception as exc:  # noqa: BLE001 - any parse failure is the client's: 400
         raise OTLPRequestError(f"cannot decode OTLP {what} body: {exc}") from None
+    if not is_json:
+        _foreign_pb(req, what)
+        return req
+    _foreign_json(doc, what)
+    try:
+        _hex_ids_to_b64(doc, id_keys)
+        return json_format.ParseDict(doc, msg_type(), ignore_unknown_fields=True)
+    except Exception as exc:  # noqa: BLE001
+        raise OTLPRequestError(f"cannot decode OTLP {what} body: {exc}") from None
+
+
+def _foreign_json(doc: dict, what: str) -> None:
+    """An OTLP/JSON ``what`` request without its top-level key holds nothing this endpoint reads:
+    400 naming the signal it is (traces posted to /v1/logs were answered 200 and dropped), or its
+    keys; ``{}`` is a valid empty request. As :func:`relyscope.collector.otlp.common._no_spans`."""
+    if not doc or what in {_JSON_KEYS.get(k) for k in doc}:
+        return
+    for k in doc:
+        sig = _JSON_KEYS.get(k)
+        if sig:
+            raise OTLPRequestError(f"this is an OTLP {sig} request ({k}), not {what}: send it to /v1/{sig}")
+    keys = ", ".join(sorted(str(k) for k in doc)[:5])
+    raise OTLPRequestError(f"no {next(k for k, v in _JSON_KEYS.items() if v == what)} in the OTLP/JSON {what} "
+                           f"request (keys: {keys})")
+
+
+def _foreign_pb(req: Any, what: str) -> None:
+    """A protobuf ``what`` request whose first leaf (log record, metric) holds an unknown field
+    under the number of one of its own fields is another message (an OTLP traces request parses
+    as log records: a span's trace id lands on ``time_unix_nano`` with the wrong wire type): 400.
+    A newer schema adds field numbers but never retypes one, so real records never trip this."""
+    top, mid, leaf = _LEAVES[what]
+    for r in getattr(req, top):
+        for m in getattr(r, mid):
+            for x in getattr(m, leaf):
+                known = x.DESCRIPTOR.fields_by_number
+                if any(f.field_number in known for f in UnknownFieldSet(x)):
+                    others = ", ".join(f"{o} to /v1/{o}" for o in ("traces", "logs", "metrics") if o != what)
+                    raise OTLPRequestError(f"not an OTLP {what} request: its records hold fields of another "
+                                           f"message (another signal? send {others})")
+                return
 
 
 def decode_logs(body: bytes, is_json: bool) -> ExportLogsServiceRequest:
