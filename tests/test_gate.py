@@ -494,3 +494,19 @@ def test_a_verdict_comes_back_from_its_json_as_it_was_published() -> None:
     assert sr.verdict == "inconclusive" and sr.needs_more_tasks == 15
     assert policy_digest(GatePolicy()) == policy_digest(GatePolicy())
     assert policy_digest(GatePolicy(min_tasks=21)) != policy_digest(GatePolicy())
+
+
+def test_repeated_trial_metrics_say_when_trials_per_task_are_short() -> None:
+    """21 shared tasks, only 4 of them with >= 3 nominal trials per side (the rest 2, as with
+    RELYSCOPE_SHADOW_K=2): pass^3 and C_out are judged on 4 tasks. Their reason asked for ≈84
+    more shared tasks only — the tasks already there lack trials, which more tasks do not fix."""
+    def trials(s: str) -> list[Trial]:
+        return [trial(s, t, i, i % 2 == 0) for t in range(21) for i in range(5 if t < 4 else 2)]
+
+    r = evaluate_gate(side(trials("b")), side(trials("c")), GatePolicy())
+    for key in ("pass^3", "C_out"):
+        x = next(x for x in r.reasons if x.name == key)
+        assert x.n_tasks == 4, x.message
+        assert "17 of 21 shared tasks have fewer than 3 nominal trials of known outcome on a side" in x.message
+    sr = next((x for x in r.reasons if x.name == "success_rate"), None)
+    assert sr is None or "trials per task" not in sr.message  # success_rate uses every trial

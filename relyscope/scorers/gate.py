@@ -619,7 +619,8 @@ Statistic = Callable[[list[NDArray[np.float64]]], NDArray[np.float64]]
 class _Plan:
     """What to resample for one metric: a row mask over the shared tasks, one column block per side,
     the statistic of the summed block, and trials used per side. ``missing`` explains an
-    unmeasurable metric."""
+    unmeasurable metric; ``need``: the nominal trials of known outcome per task and side a metric of
+    repeated trials needs (pass^k, pass@k, C_out, unanimity), else None."""
 
     mask: NDArray[np.bool_] | None = None
     block_b: NDArray[np.float64] | None = None
@@ -628,6 +629,7 @@ class _Plan:
     trials_b: int = 0
     trials_c: int = 0
     missing: str = ""
+    need: int | None = None
 
 
 def _family_stat(s: list[NDArray[np.float64]]) -> NDArray[np.float64]:
@@ -671,7 +673,7 @@ def _plan(key: str, b: _Tab, c: _Tab, policy: GatePolicy) -> _Plan:
             v = np.where(mask, fn(t.c.astype(np.int64), t.n.astype(np.int64)), 0.0)
             return np.stack([np.nan_to_num(v), mask.astype(np.float64)], 1)
 
-        plan = _Plan(mask, block(b), block(c), mean_statistic, int(b.n[mask].sum()), int(c.n[mask].sum()))
+        plan = _Plan(mask, block(b), block(c), mean_statistic, int(b.n[mask].sum()), int(c.n[mask].sum()), need=need)
         if not mask.any():
             plan.missing = f"no shared task has >= {need} nominal trials with a known outcome on both sides"
         return plan
@@ -787,6 +789,10 @@ def _gate_metric(
         verdict, tail = "pass", ""
     if verdict == "inconclusive":
         tail += f"; needs ≈{_n(needs, 'more shared task')}" if needs is not None else "; Δ sits on the bound: no sample size decides it"
+        if plan.need is not None and n < n_shared:  # most shared tasks left out: more trials per task, not tasks
+            tail += (f" — or more trials per task: {n_shared - n} of {n_shared} shared tasks have fewer than "
+                     f"{plan.need} nominal trials of known outcome on a side (min_trials_per_task; shadow replays: "
+                     "RELYSCOPE_SHADOW_K)")
     md = MetricDelta(key, vb, vc, res.delta, res.ci, n, plan.trials_b, plan.trials_c, bound, verdict, needs)
     if verdict == "pass":
         return md, None
