@@ -127,3 +127,25 @@ def test_production_group_points_at_the_shadow_group_for_robustness():
     g = _groups([_trial(0, "x", "success", None), _trial(1, "x", "failure", None)])["a"]
     (note,) = [n for n in g["notes"] if "R_prompt" in n]
     assert "[shadow] group" in note
+
+
+def test_unknown_replay_outcomes_explain_shadow_grading_not_production_outcomes():
+    """A shadow group with 88 of 192 replays unknown said to set relyscope.outcome or POST
+    /api/v1/outcomes — advice for production runs. A replay is graded against the production run it
+    replays; the note says so. A production group keeps the production advice."""
+    from relyscope.scorers.review import HOW_REPLAYS_GET_OUTCOMES, HOW_TO_GIVE_OUTCOMES, group_notes
+
+    def t(i: int, outcome: str, family: str | None) -> Trial:
+        return Trial(trial_id=f"t{i}", trace_id=f"{i:032x}", root_span_id="r", task_id=f"task-{i % 2}",
+                     task_id_source="attribute", agent_name="a", agent_version="1", run_kind="shadow",
+                     outcome=outcome, outcome_source=None, outcome_score=None, claimed_success=None,
+                     confidence=None, conversation_id=None, start_ns=0, end_ns=1, steps=(),
+                     perturbation_family=family)
+
+    replays = [t(0, "success", "nominal"), t(1, "unknown", "nominal"), t(2, "unknown", "fault")]
+    [note] = group_notes(replays)
+    assert note.startswith("2 of 3 replays have an unknown outcome") and HOW_REPLAYS_GET_OUTCOMES in note
+    assert "POST /api/v1/outcomes" not in note
+    prod = [t(0, "success", None), t(1, "unknown", None), t(2, "unknown", None)]
+    [note] = group_notes(prod)
+    assert note.startswith("2 of 3 trials have an unknown outcome") and HOW_TO_GIVE_OUTCOMES in note

@@ -259,6 +259,10 @@ def input_excerpt(text: str, max_chars: int = 60) -> str:
 HOW_TO_GIVE_OUTCOMES = ("set relyscope.outcome on the run's root span (record_outcome(True) inside "
                         "agent_run), or POST /api/v1/outcomes {\"trace_id\": …, \"success\": true} "
                         "afterwards (relyscope.instrumentation.post_outcome)")
+HOW_REPLAYS_GET_OUTCOMES = ("a replay is graded by side-effect equivalence with the production run it replays "
+                            "(metrics.md §6), and stays unknown where that run's outcome is unknown, or where it "
+                            "failed and the replay acted differently: give the production runs outcomes, or the "
+                            "replays an evaluation (gen_ai.evaluation.result) or verifier of their own")
 HOW_TO_GIVE_TASK_IDS = ("set relyscope.task.id on the run's root span (agent_run(task_id=…), or baggage "
                         "with relyscope.instrumentation.BaggageSpanProcessor)")
 
@@ -274,6 +278,11 @@ def group_notes(trials: Sequence[Trial] | Sequence[TrialFacts],
     if n and not outcomes.get("success", 0) and not outcomes.get("failure", 0):
         notes.append(f"no outcomes: none of the {n} trials has a known outcome, so success_rate, "
                      f"pass@k / pass^k, C_out and calibration are undefined — {HOW_TO_GIVE_OUTCOMES}")
+    elif outcomes.get("unknown", 0) and all(t.perturbation_family is not None for t in trials):
+        # replays (every trial perturbed or a nominal copy): graded against the production run, not by
+        # outcomes posted for them — the production advice alone pointed at the wrong runs
+        notes.append(f"{outcomes['unknown']} of {n} replays have an unknown outcome and are left out of success "
+                     f"metrics — {HOW_REPLAYS_GET_OUTCOMES}")
     elif outcomes.get("unknown", 0):
         notes.append(f"{outcomes['unknown']} of {n} trials have an unknown outcome and are left out of "
                      f"success metrics — {HOW_TO_GIVE_OUTCOMES}")
