@@ -172,11 +172,23 @@ def _nanmean_rows(*arrays: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.where(k > 0, np.where(d, st, 0.0).sum(axis=-1) / k, np.nan)
 
 
-def _bootstrap_statistic(keys: Sequence[str], stats: Mapping[str, Any]):
+def _bootstrap_statistic(keys: Sequence[str], stats: Mapping[str, Any], point: Mapping[str, float] | None = None):
     """The vectorized statistic of :func:`relyscope.scorers.bootstrap.replicate` for
     ``[dense per-task columns, positive histogram, negative histogram]``: every metric of ``keys``
     per replicate row, from how ``stats`` says each is made of the column sums (shared by
-    :func:`score_group` and :func:`relyscope.scoring.stats.score_stats`)."""
+    :func:`score_group` and :func:`relyscope.scoring.stats.score_stats`).
+
+    ``point``: the point estimates. A composite (C_traj, R_Con, R_Rob, R: NaN-aware means,
+    metrics.md §3, §4, §9) then keeps, in every replicate, the components its point estimate
+    averages — a replicate where one of them is undefined is undefined (left out of the interval)
+    rather than the mean of the others: R = mean(R_Con, R_Pred) had an interval reaching 1.0 from
+    the resamples of a task without outcomes, where R was R_Con alone."""
+    if point is not None:
+        stats = {k: (kind, tuple(a for a in arg if not math.isnan(point.get(a, math.nan))))
+                 if kind == "nanmean" else (kind, arg) for k, (kind, arg) in stats.items()}
+
+    def strict_mean(arrays: list[NDArray[np.float64]], n: int) -> NDArray[np.float64]:
+        return np.mean(np.stack(arrays, axis=-1), axis=-1) if arrays else np.full(n, np.nan)
 
     def statistic(sums: list[NDArray[np.float64]]) -> NDArray[np.float64]:
         d, hp, hn = sums
@@ -191,7 +203,8 @@ def _bootstrap_statistic(keys: Sequence[str], stats: Mapping[str, Any]):
             elif kind == "one_minus_ratio":
                 v = 1.0 - _ratio(d[:, arg[0]], d[:, arg[1]])
             elif kind == "nanmean":
-                v = _nanmean_rows(*(vals[a] for a in arg))
+                parts = [vals[a] for a in arg]
+                v = strict_mean(parts, d.shape[0]) if point is not None else _nanmean_rows(*parts)
             elif kind == "family":
                 v = M.r_family_from_sums(d[:, arg[0]], d[:, arg[1]], d[:, arg[2]], d[:, arg[3]])
             elif kind == "cal":
@@ -418,7 +431,7 @@ def score_group(
     if n_boot > 0 and n_tasks > 0:
         dense = cols.matrix()
 
-        statistic = _bootstrap_statistic(keys, stats)
+        statistic = _bootstrap_statistic(keys, stats, {k: results[k].value for k in keys})
 
         labels = None
         if strata is not None:

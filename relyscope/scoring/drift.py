@@ -162,7 +162,9 @@ def drift(current: TaskStats, reference: TaskStats, *, safety_measured: bool, th
     if n_boot > 0 and ref.task_ids and cur.task_ids:
         pos = {t: i for i, t in enumerate(union)}
         blocks = _align(ref.blocks, ref.task_ids, pos, len(union)) + _align(cur.blocks, cur.task_ids, pos, len(union))
-        stat_ref, stat_cur = _bootstrap_statistic(ref.keys, ref.stats), _bootstrap_statistic(cur.keys, cur.stats)
+        # each side's composites (R, R_Con …) keep the components of its point estimate
+        stat_ref = _bootstrap_statistic(ref.keys, ref.stats, {k: ref.results[k].value for k in ref.keys})
+        stat_cur = _bootstrap_statistic(cur.keys, cur.stats, {k: cur.results[k].value for k in cur.keys})
         ir = [ref.keys.index(k) for k in keys]
         ic = [cur.keys.index(k) for k in keys]
 

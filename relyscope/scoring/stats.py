@@ -547,7 +547,8 @@ def score_stats(
     if n_boot > 0 and pr.task_ids:
         from relyscope.scorers.profile import _bootstrap_statistic
 
-        reps = replicate(pr.blocks, _bootstrap_statistic(keys, pr.stats), n_boot=n_boot, seed=seed)
+        reps = replicate(pr.blocks, _bootstrap_statistic(keys, pr.stats, {k: results[k].value for k in keys}),
+                         n_boot=n_boot, seed=seed)
         for j, key in enumerate(keys):
             if not math.isnan(results[key].value):
                 cis[key] = percentile_interval(reps[:, j], level)
