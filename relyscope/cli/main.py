@@ -962,8 +962,21 @@ def schema(
         print(stmt.replace("{db}", database).strip() + ";\n")
 
 
+#: exit status when the reader of stdout went away (``relyscope gate … | head``): 128 + SIGPIPE, as
+#: a shell reports a coreutils tool the pipe killed — click's own answer, 1, is gate's "block"
+EXIT_BROKEN_PIPE = 141
+
+
 def main() -> None:  # console-script entry point
-    app()
+    stdout = sys.stdout
+    try:
+        app()
+    except SystemExit as e:
+        # click answers a write to a closed pipe (EPIPE) by swapping sys.stdout for a wrapper that
+        # silences the final flush, then exit 1: that swap tells it from a command's own exit 1
+        if e.code == 1 and sys.stdout is not stdout:
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
+        raise
 
 
 if __name__ == "__main__":

@@ -1,0 +1,31 @@
+"""A client command whose reader goes away mid-output exits 141 (128 + SIGPIPE), not 1: click
+answers EPIPE with exit 1, which is `relyscope gate`'s "block" — `gate … | head -3` on a PASS
+exited as if the candidate were blocked. ``schema`` prints ~14 KB: more than one write, so the
+closed pipe is hit whatever the buffering."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from relyscope.testing import RELYSCOPE_BIN
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RELYSCOPE_")}
+
+
+def test_a_closed_pipe_is_141_not_1(tmp_path):
+    p = subprocess.Popen([str(RELYSCOPE_BIN), "schema"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=_env(), cwd=tmp_path)
+    p.stdout.close()  # the reader is gone before the first write
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 141, (p.returncode, err)
+    assert b"Traceback" not in err
+
+
+def test_a_command_exit_1_stays_1(tmp_path):
+    # nothing listens on port 9: the report exits 1 by itself, with its pipe open
+    r = subprocess.run([str(RELYSCOPE_BIN), "report", "--api", "127.0.0.1:9"], capture_output=True, env=_env(),
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 1, r.stderr
