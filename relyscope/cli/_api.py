@@ -29,7 +29,8 @@ def api_url(value: Optional[str]) -> Optional[str]:
         return None
     v = value.strip()
     if "://" in v:
-        if urlsplit(v).scheme not in ("http", "https") or not urlsplit(v).netloc:
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.netloc:
             raise typer.BadParameter(f"expected http(s)://HOST:PORT or HOST:PORT, got {value!r}")
         return v
     host, sep, port = v.rpartition(":")

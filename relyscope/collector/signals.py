@@ -42,6 +42,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.core import CounterMetricFamily
 
 from relyscope.collector.otlp import OTLPRequestError
+from relyscope.collector.otlp.common import no_signal_json
 
 __all__ = ["SignalCounts", "counts_of", "decode_logs", "logs_to_traces", "decode_metrics",
            "count_metric_points", "logs_response", "metrics_response", "GENAI_EVENT_PREFIX"]
@@ -119,10 +120,7 @@ def _hex_ids_to_b64(obj: Any, keys: tuple[str, ...]) -> None:
             _hex_ids_to_b64(x, keys)
 
 
-# the top-level key of each OTLP/JSON request, and the path to the leaf messages of each protobuf one
-_JSON_KEYS = {"resourceSpans": "traces", "resource_spans": "traces", "resourceLogs": "logs",
-              "resource_logs": "logs", "resourceMetrics": "metrics", "resource_metrics": "metrics",
-              "resourceProfiles": "profiles", "resource_profiles": "profiles"}
+# the path to the leaf messages of each protobuf request
 _LEAVES = {"logs": ("resource_logs", "scope_logs", "log_records"),
            "metrics": ("resource_metrics", "scope_metrics", "metrics")}
 
@@ -140,27 +138,12 @@ def _parse(body: bytes, is_json: bool, msg_type: Any, id_keys: tuple[str, ...], 
     if not is_json:
         _foreign_pb(req, what)
         return req
-    _foreign_json(doc, what)
+    no_signal_json(doc, what)
     try:
         _hex_ids_to_b64(doc, id_keys)
         return json_format.ParseDict(doc, msg_type(), ignore_unknown_fields=True)
     except Exception as exc:  # noqa: BLE001
         raise OTLPRequestError(f"cannot decode OTLP {what} body: {exc}") from None
-
-
-def _foreign_json(doc: dict, what: str) -> None:
-    """An OTLP/JSON ``what`` request without its top-level key holds nothing this endpoint reads:
-    400 naming the signal it is (traces posted to /v1/logs were answered 200 and dropped), or its
-    keys; ``{}`` is a valid empty request. As :func:`relyscope.collector.otlp.common._no_spans`."""
-    if not doc or what in {_JSON_KEYS.get(k) for k in doc}:
-        return
-    for k in doc:
-        sig = _JSON_KEYS.get(k)
-        if sig:
-            raise OTLPRequestError(f"this is an OTLP {sig} request ({k}), not {what}: send it to /v1/{sig}")
-    keys = ", ".join(sorted(str(k) for k in doc)[:5])
-    raise OTLPRequestError(f"no {next(k for k, v in _JSON_KEYS.items() if v == what)} in the OTLP/JSON {what} "
-                           f"request (keys: {keys})")
 
 
 def _foreign_pb(req: Any, what: str) -> None:

@@ -308,11 +308,11 @@ def _run_once(
 
     replay = current_replay()
     ent = task_entities(task_id, seed)
-    rng = random.Random(f"{seed}:{task_id}:{trial}" if replay is None
-                        else f"{seed}:{task_id}:replay:{replay.seed}")
+    key = f"{seed}:{task_id}:{trial}" if replay is None else f"{seed}:{task_id}:replay:{replay.seed}"
+    rng = random.Random(key)
     request = request if request is not None else task_request(task, ent)
     ent = _parse_entities(request, ent)
-    clock = SimClock(f"{seed}:{task_id}:{trial}" if replay is None else f"{seed}:{task_id}:replay:{replay.seed}")
+    clock = SimClock(key)
     with agent_run(
         agent_name,
         task_id=task_id,

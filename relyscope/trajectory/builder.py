@@ -465,23 +465,19 @@ def _causal_key(steps: list[Step], spans: Spans, members: list[str]):
 
 
 class _Usage:
-    """Token sums that stay None until a span reports a count (unknown is not zero). A sum past
-    :data:`~relyscope.model.MAX_COUNT` becomes unknown for good (``overflow``): no later span
-    brings it back."""
+    """Token sums that stay None until a span reports a count (unknown is not zero)."""
 
-    __slots__ = ("input", "output", "total", "missing", "overflow")
+    __slots__ = ("input", "output", "total", "missing")
 
     def __init__(self) -> None:
         self.input: int | None = None
         self.output: int | None = None
         self.total: int | None = None
         self.missing = 0  # spans added that reported no token count at all
-        self.overflow: set[str] = set()  # the sums that went past MAX_COUNT
 
     @property
     def known(self) -> bool:
-        """Some span reported a count (a sum that overflowed included: its source is this one)."""
-        return self.input is not None or self.output is not None or self.total is not None or bool(self.overflow)
+        return self.input is not None or self.output is not None or self.total is not None
 
     def add(self, sem: SpanSemantics) -> None:
         i, o, t = sem.input_tokens, sem.output_tokens, sem.total_tokens
@@ -491,20 +487,11 @@ class _Usage:
             self.missing += 1
             return
         if i is not None:
-            self.input = self._sum("input", self.input, i)
+            self.input = (self.input or 0) + i
         if o is not None:
-            self.output = self._sum("output", self.output, o)
+            self.output = (self.output or 0) + o
         if t is not None:
-            self.total = self._sum("total", self.total, t)
-
-    def _sum(self, name: str, acc: int | None, n: int) -> int | None:
-        if name in self.overflow:
-            return None
-        acc = (acc or 0) + n
-        if acc > MAX_COUNT:
-            self.overflow.add(name)
-            return None
-        return acc
+            self.total = (self.total or 0) + t
 
 
 def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, reattached: set[str],
@@ -677,8 +664,11 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         u = usage
     if u is usage and usage.missing and usage.known:
         flags.add("partial_usage")  # some model calls reported no usage: the sums are lower bounds
-    if u.overflow:
-        flags.add("token_count_overflow")  # a sum past MAX_COUNT: unknown, not stored wrapped
+    # counts are non-negative, so a sum that passed MAX_COUNT stays past it: checked once here, not
+    # per span; such a sum is unknown (the store's UInt64 refused it, and it is no count anyway)
+    tokens = tuple(None if v is not None and v > MAX_COUNT else v for v in (u.input, u.output, u.total))
+    if tokens != (u.input, u.output, u.total):
+        flags.add("token_count_overflow")
     steps.sort(key=_causal_key(steps, spans, members))
     return Trial(
         trial_id=str(rsem.trial_id) if rsem.trial_id else f"{trace_id}:{root or 'virtual'}",
@@ -691,7 +681,7 @@ def _build_trial(trace_id: str, root: str, members: list[str], spans: Spans, rea
         outcome_score=pick("outcome_score"), claimed_success=pick("claimed_success"),
         confidence=pick("confidence"), conversation_id=conversation,
         start_ns=start, end_ns=end, steps=tuple(steps),
-        input_tokens=u.input, output_tokens=u.output, total_tokens=u.total, cost_usd=cost,
+        input_tokens=tokens[0], output_tokens=tokens[1], total_tokens=tokens[2], cost_usd=cost,
         model_calls=model_calls, tool_calls=tool_calls, tool_errors=tool_errors,
         status="complete" if complete else "incomplete", flags=frozenset(flags),
         shadow_of=rsem.shadow_of, perturbation_family=rsem.perturbation_family,

@@ -153,23 +153,26 @@ def _cap(out: dict[str, Any], max_n: int, fl: set, drops: list | None) -> dict[s
 _CODE = {"traceId": "trace_id", "spanId": "span_id"}
 
 
-_OTHER_SIGNALS = {"resourceLogs": "logs", "resource_logs": "logs", "resourceMetrics": "metrics",
-                  "resource_metrics": "metrics", "resourceProfiles": "profiles",
-                  "resource_profiles": "profiles"}
+# the top-level key of an OTLP/JSON request of each signal
+_SIGNAL_KEYS = {"resourceSpans": "traces", "resource_spans": "traces", "resourceLogs": "logs",
+                "resource_logs": "logs", "resourceMetrics": "metrics", "resource_metrics": "metrics",
+                "resourceProfiles": "profiles", "resource_profiles": "profiles"}
 
 
-def _no_spans(doc: dict) -> None:
-    """A JSON object without ``resourceSpans``: ``{}`` is an empty (valid) request; anything else
-    holds nothing this endpoint reads and is refused (400), naming what it looks like."""
-    if not doc:
+def no_signal_json(doc: dict, what: str = "traces") -> None:
+    """An OTLP/JSON ``what`` request (traces, logs, metrics) without its own top-level key: ``{}``
+    is an empty (valid) request; anything else holds nothing that endpoint reads and is refused
+    (400), naming the signal it is (traces posted to /v1/logs were answered 200 and dropped) or
+    its keys. Returns when ``doc`` holds the key of ``what``."""
+    if not doc or what in {_SIGNAL_KEYS.get(k) for k in doc}:
         return
     for k in doc:
-        sig = _OTHER_SIGNALS.get(k)
+        sig = _SIGNAL_KEYS.get(k)
         if sig:
-            raise OTLPRequestError(
-                f"this is an OTLP {sig} request ({k}), not traces: send it to /v1/{sig}")
+            raise OTLPRequestError(f"this is an OTLP {sig} request ({k}), not {what}: send it to /v1/{sig}")
     keys = ", ".join(sorted(str(k) for k in doc)[:5])
-    raise OTLPRequestError(f"no resourceSpans in the OTLP/JSON traces request (keys: {keys})")
+    own = next(k for k, v in _SIGNAL_KEYS.items() if v == what)
+    raise OTLPRequestError(f"no {own} in the OTLP/JSON {what} request (keys: {keys})")
 
 
 def _other_signal_pb(req: Any) -> None:

@@ -22,7 +22,7 @@ from relyscope.collector.otlp.common import (
     _event_time,
     _internal,
     _MAX_DEPTH,
-    _no_spans,
+    no_signal_json,
     _Rejected,
     _SURR,
     _times,
@@ -402,7 +402,7 @@ def _walk_json(doc: Any, cx: _JCtx, slow: bool) -> DecodeResult:
         raise OTLPRequestError("OTLP/JSON body must be a JSON object")
     rss = cx.get(doc, "resourceSpans", "resource_spans")
     if rss is None:
-        _no_spans(doc)
+        no_signal_json(doc)
         return batch.finish()
     if not isinstance(rss, list):
         raise OTLPRequestError("resourceSpans must be a JSON array")
