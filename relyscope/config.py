@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     max_attribute_length: int | None = Field(None, ge=1, description="longest string attribute kept; None = unlimited (OTel SDK default)")
     grace_period_s: float = Field(5.0, ge=0, description="wait after the root span ends before finalizing a trial")
     root_timeout_s: float = Field(300.0, gt=0, description="finalize a trace with no root as incomplete after this idle time")
+    max_clock_ahead_s: float = Field(
+        60.0, ge=0, description="a trial ending more than this after the sidecar's clock when it is assembled "
+        "(the agent host's clock runs ahead) is placed at its assembly time: its times shifted back, flag "
+        "clock_ahead, relyscope_trials_clock_ahead_total; its spans keep their times")
     score_interval_s: float = Field(10.0, gt=0, description="how often group scores and gauges are recomputed")
     score_max_defer: int = Field(
         5, ge=0, le=1000, description="scoring cycles a backlogged worker may postpone in a row (its last insert "

@@ -74,6 +74,7 @@ from relyscope.scoring import GroupKey, ScoreStage, grade_rows_of, score_rows  #
 from relyscope.collector import quarantine
 from relyscope.collector.budget import InflightBudget
 from relyscope.store import Store, StoreRejected, StoreUnavailable
+from relyscope.trajectory.clock import place_on_clock
 from relyscope.store.clickhouse import SpanColumns
 
 __all__ = ["Pipeline", "Backpressure", "Stats", "GroupKey", "spool_segment_bytes", "default_spool_dir"]
@@ -119,6 +120,8 @@ class Stats:
     stored: int = 0
     requests: collections.Counter = field(default_factory=collections.Counter)  # by outcome
     trials_finalized: int = 0
+    #: finalized trials that ended after the sidecar's clock, placed on it (trajectory.clock)
+    trials_clock_ahead: int = 0
     store_errors: int = 0
     # recent write latencies, drained by the exporter's histogram; bounded if nobody scrapes
     store_write_seconds: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4096))
@@ -790,7 +793,10 @@ class Pipeline:
 
     def _emit(self, trials: list[Trial]) -> bool:
         """Store finalized trials (with any earlier ones the store refused). False while the store
-        refuses them; they are kept and retried, and their traces' records stay uncommitted."""
+        refuses them; they are kept and retried, and their traces' records stay uncommitted.
+        A trial ending after the wall clock is first placed on it (:mod:`relyscope.trajectory.clock`)."""
+        trials, ahead = place_on_clock(trials, time.time_ns(), self.settings.max_clock_ahead_s)
+        self.stats.trials_clock_ahead += ahead
         self._pending_trials.extend(trials)
         if not self._pending_trials:
             return True

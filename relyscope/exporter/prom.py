@@ -26,7 +26,7 @@ Reliability gauges are built at scrape time from the latest group scores:
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
 ``relyscope_spans_redacted_total{kind=redacted|redacted_identity}``, ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_backlog_seconds``, ``relyscope_spool_pending_records``,
-``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``,
+``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``, ``relyscope_trials_clock_ahead_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
 ``relyscope_decode_workers``,
 ``relyscope_store_write_seconds`` (histogram),
@@ -167,6 +167,10 @@ class _ReliabilityCollector(Collector):
             red.add_metric([kind], s.redacted.get(kind, 0))
         yield red
         yield CounterMetricFamily("relyscope_trials_finalized", "Trials finalized (incl. re-finalized)", value=s.trials_finalized)
+        yield CounterMetricFamily("relyscope_trials_clock_ahead", "Finalized trials that ended more than "
+                                  "RELYSCOPE_MAX_CLOCK_AHEAD_S after the sidecar's clock (the agent host's clock runs "
+                                  "ahead): placed at their assembly time, flag clock_ahead",
+                                  value=s.trials_clock_ahead)
         yield CounterMetricFamily("relyscope_store_write_errors", "Failed ClickHouse writes", value=s.store_errors)
         yield CounterMetricFamily("relyscope_decode_worker_restarts", "Decode worker pool restarts: a worker "
                                   "died, or gave no result within RELYSCOPE_DECODE_TIMEOUT_S (killed; the record "
