@@ -541,3 +541,32 @@ def test_decisions_that_could_not_be_stored_do_not_use_up_the_hourly_cap(chdb_pa
         assert {r["shadow_of"] for r in stage.ledger.replays()} == {"p1"}
     finally:
         stage.shutdown()
+
+
+def test_start_by_tasks_replays_one_run_per_task(store):
+    """``shadow start --last N`` counts runs: with 5 runs per task, ``--last 10`` picked 2 tasks'
+    worth and ×K×families×targets replays each. ``tasks: N`` picks the most recent replayable run
+    of each of the N (agent, task) pairs run most recently; an unreplayable most recent run gives
+    way to the task's next one."""
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    now = time.time_ns()
+    runs = []  # task a: newest, 3 runs; b: 2 runs, its newest not replayable (no input); c: oldest
+    for i, (task, age_s, replayable) in enumerate([("a", 1, True), ("a", 2, True), ("b", 3, False), ("a", 4, True),
+                                                   ("b", 5, True), ("c", 6, True)]):
+        t = dataclasses.replace(PROD, trial_id=f"{task}{i}", trace_id=f"{i + 1:032x}", task_id=task,
+                                end_ns=now - age_s * 10**9)
+        runs.append(t if replayable else dataclasses.replace(t, task_input=None, steps=()))
+    store.insert_trials(runs)
+    stage = ShadowStage(Settings(shadow_targets={"1.0": "http://127.0.0.1:9/replay"}, shadow_k=1,
+                                 shadow_families=["nominal"]), store, proxy_base_url="http://127.0.0.1:9")
+    try:
+        plan = stage.plan_now(tasks=2)
+        assert plan["trials"] == ["a0", "b4"]
+        assert len(plan["replay_ids"]) == 2
+        assert [s["trial_id"] for s in plan["skipped"]] == ["b2"]
+        assert stage.plan_now(last=2)["trials"] == ["a0", "a1"]
+        assert stage.plan_now(tasks=5)["trials"] == ["a0", "b4", "c5"]  # only three tasks
+    finally:
+        stage.shutdown()

@@ -313,6 +313,8 @@ def test_replay_api_refuses_mistakes(nominal_env):
     r = sc.post("/api/v1/shadow/replays", json={"trial_ids": ["nope"]})
     assert r.status_code == 422 and "unknown trial ids" in r.text
     assert sc.post("/api/v1/shadow/replays", json={"last": "3"}).status_code == 422
+    r = sc.post("/api/v1/shadow/replays", json={"last": 3, "tasks": 3})
+    assert r.status_code == 422 and "exactly one of" in r.text
     assert sc.get("/api/v1/shadow/replays", params={"status": "weird"}).status_code == 422
     assert sc.get("/api/v1/shadow/replays/doesnotexist").status_code == 404
     # the proxy answers only running replay attempts, by their random token

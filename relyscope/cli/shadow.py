@@ -165,7 +165,11 @@ def show(replay_id: str, api: str = _API, token: Optional[str] = _TOKEN) -> None
 
 @shadow_app.command("start")
 def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="production trial id (repeatable)"),
-          last: Optional[int] = typer.Option(None, "--last", min=1, help="replay the N most recent replayable runs"),
+          last: Optional[int] = typer.Option(None, "--last", min=1, max=1000,
+                                             help="replay the N most recent replayable runs"),
+          tasks: Optional[int] = typer.Option(None, "--tasks", min=1, max=1000,
+                                              help="replay the most recent replayable run of each of the N tasks "
+                                              "run most recently (one run per task)"),
           again: bool = typer.Option(False, "--again", help="run a new experiment on trials already replayed "
                                      "(new replay ids; they supersede the earlier replays of these trials)"),
           wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the plan with a progress bar"),
@@ -174,10 +178,10 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     """Replay production trials now (regardless of the sampling rate). Exit 0 done, 1 the sidecar
     is paused (the replays are scheduled and run after `relyscope shadow resume`), 2 error or timeout."""
     m = _cli()
-    if bool(trial) == bool(last):
-        m.err.print("[red]give --trial ID (repeatable) or --last N[/red]")
+    if sum(bool(x) for x in (trial, last, tasks)) != 1:
+        m.err.print("[red]give one of --trial ID (repeatable), --last N (runs) or --tasks N (one run per task)[/red]")
         raise typer.Exit(2)
-    body: dict = {"trial_ids": trial} if trial else {"last": last}
+    body: dict = {"trial_ids": trial} if trial else {"last": last} if last else {"tasks": tasks}
     if again:
         body["again"] = True
     r = _call("POST", api, "/api/v1/shadow/replays", token, ("replay_ids",), json=body)

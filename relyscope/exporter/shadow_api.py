@@ -9,7 +9,7 @@
 - ``GET /api/v1/shadow/replays`` (filters ``status``, ``shadow_of``, ``target_version``,
   ``limit``), ``GET /api/v1/shadow/replays/{id}`` (with the call log; ``id`` may be a prefix of
   one replay id, 404 when none starts with it, 409 listing up to 10 candidates when several do),
-  ``POST /api/v1/shadow/replays`` (``{"trial_ids": [...]}`` or ``{"last": N}``, optional
+  ``POST /api/v1/shadow/replays`` (``{"trial_ids": [...]}``, ``{"last": N}`` or ``{"tasks": N}``, optional
   ``"again": true``: replay now; the reply counts the replays that already ``existing`` and were
   not planned again, and gives ``scheduled_at``, the ``gate --since`` of this plan),
   ``POST /api/v1/shadow/status`` (``{"replay_ids": [...]}`` → counts by status, for progress).
@@ -51,14 +51,17 @@ class _Strict(BaseModel):
 
 class ReplayStart(_Strict):
     trial_ids: list[str] | None = Field(None, min_length=1, max_length=1000)
-    last: int | None = Field(None, ge=1, le=1000)
+    last: int | None = Field(None, ge=1, le=1000, description="the N most recent replayable runs")
+    tasks: int | None = Field(None, ge=1, le=1000, description="the most recent replayable run of each of the "
+                              "N (agent, task) pairs run most recently")
     again: bool = Field(False, description="plan a new experiment (new replay ids) even for trials already "
                         "replayed; without it existing replays are kept and counted in `existing`")
 
     @model_validator(mode="after")
     def _one(self):
-        if (self.trial_ids is None) == (self.last is None):
-            raise ValueError("give exactly one of trial_ids (a list of production trial ids) or last (a count)")
+        if sum(v is not None for v in (self.trial_ids, self.last, self.tasks)) != 1:
+            raise ValueError("give exactly one of trial_ids (a list of production trial ids), last (a count of "
+                             "runs) or tasks (a count of tasks: one run each)")
         return self
 
 
@@ -195,7 +198,8 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
     @r.post("/api/v1/shadow/replays", dependencies=guarded)
     def start(body: ReplayStart) -> dict:
         try:
-            return _stage(pipeline).plan_now(trial_ids=body.trial_ids, last=body.last, again=body.again)
+            return _stage(pipeline).plan_now(trial_ids=body.trial_ids, last=body.last, tasks=body.tasks,
+                                            again=body.again)
         except ValueError as e:
             raise HTTPException(422, str(e)) from None
 

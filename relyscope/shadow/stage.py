@@ -221,9 +221,10 @@ class ShadowStage:
         return decisions
 
     def plan_now(self, *, trial_ids: list[str] | None = None, last: int | None = None,
-                 again: bool = False) -> dict[str, Any]:
+                 tasks: int | None = None, again: bool = False) -> dict[str, Any]:
         """Plan replays of the given production trials (or the ``last`` most recent replayable
-        ones) regardless of the sampling rate (decision ``manual``). Replays already in the ledger
+        ones, or the most recent replayable run of each of the ``tasks`` (agent, task) pairs run
+        most recently) regardless of the sampling rate (decision ``manual``). Replays already in the ledger
         are not planned again (same ids: idempotent) and are counted in ``existing``; ``again``
         plans a new experiment instead — new replay and experiment ids salted with its start time,
         which supersede the earlier replays of these trials in every score and gate. Returns
@@ -241,22 +242,27 @@ class ShadowStage:
             missing = sorted(set(trial_ids) - {t.trial_id for t in trials})
             if missing:
                 raise ValueError(f"unknown trial ids: {missing[:5]}")
-        else:
-            n = max(1, int(last or 1))
-            ids = self.ledger.candidate_trial_ids(0, time.time_ns(), limit=n * 4, newest_first=True)
+        else:  # a few candidates beyond the count: some may not be replayable
+            n = max(1, int(tasks or last or 1))
+            ids = self.ledger.candidate_trial_ids(0, time.time_ns(), limit=n * 4, newest_first=True,
+                                                  per_task=4 if tasks else None)
             trials = self.store.load_trials(trial_ids=ids) if ids else []
-            trials.sort(key=lambda t: -t.end_ns)
+            trials.sort(key=lambda t: (-t.end_ns, t.trial_id))
         chosen, skipped, decisions = [], [], []
+        seen_tasks: set[tuple[str, str]] = set()
         for t in trials:
+            if tasks and (t.agent_name, t.task_id) in seen_tasks:
+                continue  # this task has its run (the most recent replayable one)
             ok, why = replayable(t)
             if t.run_kind != "production" or t.shadow_of:
                 ok, why = False, f"run kind {t.run_kind}: only production runs are replayed"
             if not ok:
                 skipped.append({"trial_id": t.trial_id, "reason": why})
                 continue
-            if not trial_ids and len(chosen) >= int(last or 1):
+            if not trial_ids and len(chosen) >= n:
                 break
             chosen.append(t)
+            seen_tasks.add((t.agent_name, t.task_id))
             decisions.append(SampleDecision(t.trial_id, t.agent_name, t.agent_version, t.task_id, "manual",
                                             "requested over the API"))
         now = time.time()

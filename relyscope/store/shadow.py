@@ -60,13 +60,16 @@ class ShadowLedger:
              "decision": d.decision, "reason": d.reason, "decided_at": now} for d in decisions])
 
     def candidate_trial_ids(self, since_ns: int, until_ns: int, *, limit: int = 100_000,
-                            newest_first: bool = False) -> list[str]:
-        """Ids of complete production trials (not replays) that ended in ``[since_ns, until_ns)``."""
+                            newest_first: bool = False, per_task: int | None = None) -> list[str]:
+        """Ids of complete production trials (not replays) that ended in ``[since_ns, until_ns)``,
+        at most ``limit``; ``per_task``: at most that many of each (agent, task) — the first in the
+        order asked for."""
+        by_task = f"LIMIT {int(per_task)} BY agent, task_id " if per_task else ""
         rows = self.store.query(
             "SELECT trial_id FROM {db}.trials FINAL WHERE run_kind = 'production' AND status = 'complete' "
             "AND (shadow_of IS NULL OR shadow_of = '') AND end_time >= fromUnixTimestamp64Nano(%(a)s) "
             "AND end_time < fromUnixTimestamp64Nano(%(b)s) "
-            f"ORDER BY end_time {'DESC' if newest_first else 'ASC'} LIMIT %(lim)s",
+            f"ORDER BY end_time {'DESC' if newest_first else 'ASC'}, trial_id {by_task}LIMIT %(lim)s",
             {"a": int(max(0, since_ns)), "b": int(until_ns), "lim": limit})
         return [r[0] for r in rows]
 
