@@ -1,13 +1,19 @@
 """A client command whose reader goes away mid-output exits 141 (128 + SIGPIPE), not 1: click
 answers EPIPE with exit 1, which is `relyscope gate`'s "block" — `gate … | head -3` on a PASS
 exited as if the candidate were blocked. ``schema`` prints ~14 KB: more than one write, so the
-closed pipe is hit whatever the buffering."""
+closed pipe is hit whatever the buffering. Rich's console answers EPIPE on its own (its
+``on_broken_pipe`` exits 1, beside click's handler): every table a command prints through it —
+``gate``'s verdict, ``report``, ``score`` — exited 1 that way; ``score`` of a recorded file stands
+for them (offline, no sidecar)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 
+import pytest
+
+from conftest import DATA
 from relyscope.testing import RELYSCOPE_BIN
 
 
@@ -15,8 +21,10 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("RELYSCOPE_")}
 
 
-def test_a_closed_pipe_is_141_not_1(tmp_path):
-    p = subprocess.Popen([str(RELYSCOPE_BIN), "schema"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+@pytest.mark.parametrize("args", [["schema"], ["score", str(DATA / "spans" / "google-adk-tool-call.otlp.json")]],
+                         ids=["print", "rich-table"])
+def test_a_closed_pipe_is_141_not_1(tmp_path, args):
+    p = subprocess.Popen([str(RELYSCOPE_BIN), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=_env(), cwd=tmp_path)
     p.stdout.close()  # the reader is gone before the first write
     _, err = p.communicate(timeout=120)

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from relyscope.cli._api import DEFAULT_API, api_option
+from relyscope.cli._console import EXIT_BROKEN_PIPE, CliConsole
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
@@ -38,8 +38,8 @@ from relyscope.cli.shadow import gate as _gate_cmd, shadow_app  # noqa: E402
 app.add_typer(shadow_app, name="shadow")
 app.command("gate")(_gate_cmd)
 # piped output is not cut to 80 columns (tables stay readable in logs and files)
-console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+console = CliConsole(width=None if sys.stdout.isatty() else 200)
+err = CliConsole(stderr=True)
 
 
 class Fmt(str, enum.Enum):
@@ -960,11 +960,6 @@ def schema(
         raise typer.Exit(2) from None
     for stmt in ddl:
         print(stmt.replace("{db}", database).strip() + ";\n")
-
-
-#: exit status when the reader of stdout went away (``relyscope gate … | head``): 128 + SIGPIPE, as
-#: a shell reports a coreutils tool the pipe killed — click's own answer, 1, is gate's "block"
-EXIT_BROKEN_PIPE = 141
 
 
 def main() -> None:  # console-script entry point

@@ -15,14 +15,15 @@ from datetime import datetime, timezone
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from relyscope.cli._console import CliConsole
 
 __all__ = ["quarantine_app"]
 
 quarantine_app = typer.Typer(no_args_is_help=True, help="Inspect and replay records the store refused as unstorable.")
-_out = Console(width=None if os.isatty(1) else 200)
-_err = Console(stderr=True)
+_out = CliConsole(width=None if os.isatty(1) else 200)
+_err = CliConsole(stderr=True)
 
 
 def _dir(spool_dir: Optional[str], store: Optional[str]) -> str:
