@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -298,6 +299,20 @@ def test_bad_targets_get_clear_statuses_and_touch_no_production_data(tmp_path):
         assert rows["5.0"]["status"] == "timeout" and "within 2 s" in rows["5.0"]["error"]
         assert sc.trials(run_kind="production") == prod_before
         assert sc.trials(run_kind="shadow") == []
+        # the CLI: `shadow start` exited 0 ("replays finished: error 2, timeout 1") when no replay
+        # ran, and `shadow list --status error` (the runbook's step) showed no reason
+        cli = [str(RELYSCOPE_BIN), "shadow"]
+        p = subprocess.run([*cli, "start", "--trial", prod_before[0]["trial_id"], "--again", "--timeout", "60",
+                            "--api", sc.api], capture_output=True, text=True, timeout=120)
+        out = " ".join((p.stdout + p.stderr).split())
+        assert p.returncode == 2, out
+        assert out.count("1 replay error: target") == 2 and "1 replay timeout: no reply" in out, out
+        assert "no replay ran" in out, out
+        assert f"127.0.0.1:{down}" in out and "unreachable" in out and "within 2 s" in out, out
+        p = subprocess.run([*cli, "list", "--status", "error", "--api", sc.api], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "COLUMNS": "400"})
+        out = " ".join(p.stdout.split())
+        assert p.returncode == 0 and "unreachable" in out and "not a replay reply" in out, out
     finally:
         down_sock.close()
         for p in procs:

@@ -115,13 +115,20 @@ def list_(status: Optional[str] = typer.Option(None, help="only replays with thi
                     f"{', '.join(f'{v} → {u}' for v, u in s['targets'].items()) or 'none'}\n"
                     f"sample decisions: {kv(s['decisions'])}\nreplays: {kv(s['replays'])}")
     t = Table(title="replays")
-    for c in ("replay", "of trial", "task", "version", "family", "status", "calls", "exact/pos", "miss", "faults", "side effects"):
-        t.add_column(c)
-    for row in r.json()["replays"]:
+    rows = r.json()["replays"]
+    # the reason a replay ended error / timeout / cancelled (running: which sidecar runs it) — the
+    # column only when a listed replay has one
+    why = any(row.get("error") and row["status"] != "running" for row in rows)
+    for c in ("replay", "of trial", "task", "version", "family", "status", "calls", "exact/pos", "miss", "faults",
+              "side effects", *(("error",) if why else ())):
+        t.add_column(c, overflow="fold" if c == "error" else "ellipsis")
+    for row in rows:
+        error = " ".join((row.get("error") or "").split()) if row["status"] != "running" else ""
+        error = error if len(error) <= 200 else error[:199] + "…"
         t.add_row(row["replay_id"][:12], row["shadow_of"][:20], row["task_id"][:24], row["target_version"],
                   row["family"] + (f"/{row['strength']}" if row["strength"] else ""), row["status"],
                   str(row["n_calls"]), f"{row['n_exact']}/{row['n_position']}", str(row["n_miss"]),
-                  str(row["n_faults"]), str(row["n_side_effects"]))
+                  str(row["n_faults"]), str(row["n_side_effects"]), *((escape(error),) if why else ()))
     m.console.print(t)
 
 
@@ -176,7 +183,9 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
           timeout_s: float = typer.Option(900, "--timeout", min=1),
           api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """Replay production trials now (regardless of the sampling rate). Exit 0 done, 1 the sidecar
-    is paused (the replays are scheduled and run after `relyscope shadow resume`), 2 error or timeout."""
+    is paused (the replays are scheduled and run after `relyscope shadow resume`), 2 error, --timeout,
+    or no replay ran: every one ended `error` / `timeout` at the targets (the reasons are printed,
+    as they are, as a warning, when only some did)."""
     m = _cli()
     if sum(bool(x) for x in (trial, last, tasks)) != 1:
         m.err.print("[red]give one of --trial ID (repeatable), --last N (runs) or --tasks N (one run per task)[/red]")
@@ -221,7 +230,8 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     with m._progress() as prog:
         task = prog.add_task("replaying", total=len(ids))
         while True:
-            st = _call("POST", api, "/api/v1/shadow/status", token, ("by_status",), json={"replay_ids": ids}).json()["by_status"]
+            res = _call("POST", api, "/api/v1/shadow/status", token, ("by_status",), json={"replay_ids": ids}).json()
+            st = res["by_status"]
             open_ = st.get("scheduled", 0) + st.get("running", 0)
             prog.update(task, completed=len(ids) - open_)
             if not open_:
@@ -231,6 +241,16 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
                 raise typer.Exit(2)
             time.sleep(0.5)
     m.console.print("replays finished: " + ", ".join(f"{k} {v}" for k, v in sorted(st.items())))
+    failed = sum(st.get(k, 0) for k in ("error", "timeout"))
+    if failed:
+        ran = sum(st.get(k, 0) for k in ("completed", "failed", "sandbox_miss"))
+        colour = "yellow" if ran else "red"
+        for e in res.get("errors") or []:
+            m.err.print(f"[{colour}]{_n(e['count'], 'replay')} {e['status']}: {escape(e['error'])}[/{colour}]", soft_wrap=True)
+        if not ran:
+            m.err.print("[red]no replay ran: the targets failed every one (RELYSCOPE_SHADOW_TARGETS, "
+                        "runbook RelyscopeReplayTargetFailing); nothing to gate on[/red]", soft_wrap=True)
+            raise typer.Exit(2)
 
 
 def _pause_or_resume(what: str, api: str, token: Optional[str]) -> None:

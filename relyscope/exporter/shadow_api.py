@@ -39,6 +39,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relyscope.store.shadow import TARGET_FAILED
+
 if TYPE_CHECKING:
     from relyscope.pipeline import Pipeline
 
@@ -210,7 +212,10 @@ def shadow_router(pipeline: "Pipeline", auth) -> APIRouter:
         st = _stage(pipeline)
         rows = st.ledger.replays(replay_ids=body.replay_ids, limit=len(body.replay_ids))
         counts = Counter(r["status"] for r in rows)
-        return {"total": len(body.replay_ids), "by_status": {k: v for k, v in counts.items() if v}}
+        # why replays ended without running the agent (the targets' side), most frequent first
+        why = Counter((r["status"], r["error"] or "") for r in rows if r["status"] in TARGET_FAILED)
+        return {"total": len(body.replay_ids), "by_status": {k: v for k, v in counts.items() if v},
+                "errors": [{"status": k[0], "error": k[1], "count": n} for k, n in why.most_common(5)]}
 
     @r.get("/api/v1/shadow/samples", dependencies=guarded)
     def samples(decision: str | None = None, limit: int = Query(200, ge=1, le=10_000)) -> dict:

@@ -462,7 +462,7 @@ class ShadowStage:
             if code != 200 or not isinstance(reply, dict) or reply.get("replay_id") != rid:
                 shown = content[:200].decode("utf-8", "replace")
                 size = f" (over {REPLY_MAX_BYTES} bytes)" if over else ""
-                status, error = "error", f"target {url} answered HTTP {code}{size}: {shown!r} (not a replay reply)"
+                status, error = "error", f"target {url} answered HTTP {code}{size}, not a replay reply: {shown!r}"
             elif reply.get("status") == "failed":
                 status, error = "failed", str(reply.get("error") or "")[:500]
         except DeadlineExceeded:

@@ -15,10 +15,12 @@ from typing import Any
 
 from relyscope.store.clickhouse import Store
 
-__all__ = ["ShadowLedger", "REPLAY_STATUSES", "FINISHED"]
+__all__ = ["ShadowLedger", "REPLAY_STATUSES", "FINISHED", "TARGET_FAILED"]
 
 REPLAY_STATUSES = ("scheduled", "running", "completed", "failed", "sandbox_miss", "error", "timeout", "cancelled")
 FINISHED = ("completed", "failed", "sandbox_miss", "error", "timeout", "cancelled")
+#: finished without the target running the agent: the target (or the way to it) failed
+TARGET_FAILED = ("error", "timeout")
 
 _REPLAY_COLS = ["replay_id", "experiment", "shadow_of", "task_id", "agent", "prod_version", "target_version",
                 "run_kind", "family", "strength", "seed", "idx", "input", "status", "trace_id", "error",
