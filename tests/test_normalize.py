@@ -580,3 +580,21 @@ def test_detect_conventions_and_version_table():
     for name in ("genai", "openinference", "openllmetry", "openai_agents", "relyscope"):
         assert CONVENTIONS[name].version
     assert CONVENTIONS["genai"].attrs["provider"] == ("gen_ai.provider.name", "gen_ai.system")
+
+
+@pytest.mark.parametrize("value, outcome", [
+    ("success", "success"), (" FAILURE ", "failure"), ("unknown", "unknown"),
+    (True, "success"), (False, "failure"), ("true", "success"), ("False", "failure"), (1, "success"), (0, "failure"),
+    ("pass", "success"), ("Passed", "success"), ("succeeded", "success"), ("fail", "failure"), ("FAILED", "failure"),
+    ("maybe", None), (2, None), (0.5, None), ("", None), (["success"], None),
+])
+def test_outcome_values_a_verifier_writes(value, outcome):
+    """``span.set_attribute("relyscope.outcome", True)`` (a bool, the natural thing to write),
+    ``"true"``, 1 or ``"pass"`` were refused: the run's outcome stayed unknown, silently, while the
+    report advised setting the attribute it carried. Both normalizers agree (the fast one is
+    tested against this one)."""
+    from relyscope.collector.normalize.fast import normalize_fast
+
+    s = span({"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a", "relyscope.outcome": value})
+    assert normalize(s).outcome == outcome
+    assert normalize_fast(s).outcome == outcome

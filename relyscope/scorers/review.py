@@ -256,7 +256,8 @@ def input_excerpt(text: str, max_chars: int = 60) -> str:
     return norm if len(norm) <= max_chars else norm[: max_chars - 1].rstrip() + "…"
 
 
-HOW_TO_GIVE_OUTCOMES = ("set relyscope.outcome on the run's root span (record_outcome(True) inside "
+HOW_TO_GIVE_OUTCOMES = ("set relyscope.outcome (success | failure, or a bool) on the run's root span "
+                        "(record_outcome(True) inside "
                         "agent_run), or POST /api/v1/outcomes {\"trace_id\": …, \"success\": true} "
                         "afterwards (relyscope.instrumentation.post_outcome)")
 HOW_REPLAYS_GET_OUTCOMES = ("a replay is graded by side-effect equivalence with the production run it replays "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Final, Iterable, Mapping
 
 from relyscope.model import MAX_COUNT
 
@@ -17,6 +17,7 @@ __all__ = [
     "as_str",
     "as_int",
     "as_float",
+    "as_outcome",
     "as_bool",
     "as_unit",
     "as_enum",
@@ -124,6 +125,24 @@ def as_unit(value: Any) -> float | None:
     if f is None or f < 0.0 or f > 1.0:
         return None
     return f
+
+
+#: outcome words besides the enum (conventions.md ``relyscope.outcome``: success, failure, unknown)
+_OUTCOME_WORDS: Final = {"success": "success", "failure": "failure", "unknown": "unknown", "pass": "success",
+                         "passed": "success", "succeeded": "success", "fail": "failure", "failed": "failure"}
+
+
+def as_outcome(value: Any) -> str | None:
+    """``success`` / ``failure`` / ``unknown`` from ``relyscope.outcome``: the enum (any case), a
+    bool or what :func:`as_bool` reads as one (``true``/``false``, 1/0), or pass(ed) / succeeded /
+    fail(ed); anything else None (not given). A bool is what ``span.set_attribute(…, True)``
+    writes: it was refused, and the run's outcome stayed unknown."""
+    if isinstance(value, str):
+        word = _OUTCOME_WORDS.get(value.strip().lower())
+        if word is not None:
+            return word
+    b = as_bool(value)
+    return None if b is None else "success" if b else "failure"
 
 
 def as_enum(value: Any, allowed: Iterable[str]) -> str | None:

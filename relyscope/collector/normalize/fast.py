@@ -41,6 +41,7 @@ from ._values import (
     as_bool,
     as_enum,
     as_int,
+    as_outcome,
     as_str,
     as_str_tuple,
     as_unit,
@@ -199,7 +200,7 @@ def _relyscope(span: CanonicalSpan) -> dict[str, Any]:
 
 _RS_CONV: Final = {
     "task_id": as_str, "trial_id": as_str,
-    "run_kind": lambda v: as_enum(v, sc.RUN_KINDS), "outcome": lambda v: as_enum(v, sc.OUTCOMES),
+    "run_kind": lambda v: as_enum(v, sc.RUN_KINDS), "outcome": as_outcome,
     "outcome_score": as_unit, "outcome_source": as_str, "claimed_success": as_bool,
     "confidence": as_unit, "decision": lambda v: as_enum(v, sc.DECISIONS),
     "side_effect": lambda v: as_enum(v, sc.SIDE_EFFECTS), "shadow_of": as_str,

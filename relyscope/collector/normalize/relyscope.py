@@ -1,6 +1,7 @@
 """relyscope extension attributes (``relyscope.*``, conventions.md §2), applied on top of any
 convention. Enumerations are validated (case-insensitive); values outside them, and
-``relyscope.confidence``/``relyscope.outcome.score`` outside [0, 1], become None."""
+``relyscope.confidence``/``relyscope.outcome.score`` outside [0, 1], become None.
+``relyscope.outcome`` also reads a bool and a few verdict words (:func:`._values.as_outcome`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Final
 from relyscope import semconv as sc
 from relyscope.model import CanonicalSpan
 
-from ._values import as_bool, as_enum, as_str, as_unit, first
+from ._values import as_bool, as_enum, as_outcome, as_str, as_unit, first
 from .versions import CONVENTIONS
 
 __all__ = ["NAME", "detect", "extract"]
@@ -51,7 +52,7 @@ def extract(span: CanonicalSpan) -> dict[str, Any]:
         "task_id": as_str(first(a, _TASK_ID)),
         "trial_id": as_str(first(a, _TRIAL_ID)),
         "run_kind": as_enum(first(a, _RUN_KIND), sc.RUN_KINDS),
-        "outcome": as_enum(first(a, _OUTCOME), sc.OUTCOMES),
+        "outcome": as_outcome(first(a, _OUTCOME)),
         "outcome_score": as_unit(first(a, _OUTCOME_SCORE)),
         "outcome_source": as_str(first(a, _OUTCOME_SOURCE)),
         "claimed_success": as_bool(first(a, _CLAIMED)),
