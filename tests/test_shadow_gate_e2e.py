@@ -217,7 +217,12 @@ def test_since_errors_say_what_to_change(gated):
     bad = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--since", "yesterday-ish")
     assert bad.returncode == 2 and "duration back from now" in bad.stderr, bad.stderr
     future = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--since", str(time.time() + 3600))
-    assert future.returncode == 2 and "since" in future.stderr and "no shadow runs" in future.stderr, future.stderr
+    assert future.returncode == 2 and "since" in future.stderr and "no shadow replays" in future.stderr, future.stderr
+    # --format json answers on stdout too (it printed nothing: a script's json.loads failed)
+    js = gate(sc, "--baseline", "1.0", "--candidate", "1.1", "--since", str(time.time() + 3600), "--format", "json")
+    err = json.loads(js.stdout)
+    assert js.returncode == 2 and err["verdict"] == "error" and err["status"] == 404, js.stdout
+    assert "no shadow replays" in err["error"], err
     r = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": "soon"})
     assert r.status_code == 422 and "ISO 8601" in r.text, r.text
     for raw in ("NaN", "1e400", "99999999999", "-1e20"):  # were 500 (int(nan)) and 503 (DateTime64 overflow)
@@ -228,21 +233,39 @@ def test_since_errors_say_what_to_change(gated):
     assert nan.returncode == 2 and "between 1970" in nan.stderr, nan.stderr
 
 
+def test_since_scopes_replays_by_when_they_were_scheduled(gated):
+    """Bug: `--since` kept the replays whose runs *ended* since then, so a scope set while an
+    experiment ran (or a `--since 1m` just after it) judged the tail of it — a part of the tasks,
+    the incumbent's nominal replays missing from the harness check — and published that verdict.
+    Replays count by when they were scheduled: an experiment is judged whole or not at all."""
+    sc, _, _ = gated
+    rows = sc.get("/api/v1/shadow/replays", params={"limit": 10000}).json()["replays"]
+    scheduled = max(r["scheduled_at"] for r in rows)
+    ends = sorted(t["end_ns"] / 1e9 for t in sc.trials(run_kind="shadow"))
+    since = scheduled + 0.001
+    assert sum(e >= since for e in ends) > 0  # the runs of some replays ended after it: the old scope
+    r = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": since})
+    assert r.status_code == 404 and "no shadow replays scheduled since" in r.json()["detail"], r.text
+    whole = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": scheduled - 1})
+    assert whole.status_code == 200 and whole.json()["shared_tasks"] == 24, whole.text
+    assert whole.json()["experiment"]["harness"]["replays"] > 0
+
+
 def test_since_error_lists_only_versions_within_the_scope(gated):
     """Bug: `--since 1m` after the replays answered `… has no shadow runs since 20:47:01; versions
     with shadow runs: support-agent 1.0 (72 runs) …` — all-time counts that contradict the "no
     runs since". Within a scope the list names what is inside it, and the others with the time
     their last run ended (before the scope)."""
     sc, _, _ = gated
-    since = time.time()  # after every replay of the fixture ended
+    since = time.time()  # after every replay of the fixture was scheduled (and ended)
     r = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": since})
     assert r.status_code == 404, r.text
     d = r.json()["detail"]
-    assert "no shadow runs since" in d and "runs)" not in d, d
-    assert "no version has shadow runs since then" in d, d
+    assert "no shadow replays scheduled since" in d and "replays)" not in d, d
+    assert "no version has replays scheduled since then" in d, d
     import datetime as dt
 
-    ends = re.findall(r"1\.[01] \(last run ended ([^)]+)\)", d)
+    ends = re.findall(r"1\.[01] \(last scheduled ([^)]+)\)", d)
     assert len(ends) == 2, d
     assert all(dt.datetime.fromisoformat(e).timestamp() <= since for e in ends), d
     # without a scope: every version with its count, as before
@@ -257,7 +280,8 @@ def test_published_verdicts_survive_a_restart_of_the_sidecar(gated):
     policy is not (it never was published)."""
     sc, tmp, _ = gated
     assert gate(sc, "--baseline", "1.0", "--candidate", "2.0").returncode == 1  # block, published
-    assert gate(sc, "--baseline", "1.0", "--candidate", "1.1").returncode == 0  # pass, published
+    passed = gate(sc, "--baseline", "1.0", "--candidate", "1.1")
+    assert passed.returncode == 0 and "published: relyscope_gate_verdict" in passed.stdout, passed.stdout  # pass
     env = dict(sc.env)
     assert sc.kill() == 0
     sc2 = start_sidecar(tmp / "sc", extra_env=env)

@@ -342,6 +342,9 @@ def gate(baseline: str = typer.Option(..., "--baseline", help="the version in pr
     r = _call("POST", api, "/api/v1/gate", token, ("verdict",), json=body, timeout=300)
     if r.status_code != 200:
         m.err.print(f"[red]gate error ({r.status_code}):[/red] {_detail(r)}")
+        if format == "json":  # a script reading stdout gets an answer too, not empty input
+            print(json.dumps({"verdict": "error", "exit_code": 2, "status": r.status_code, "error": _detail(r)},
+                             indent=2))
         raise typer.Exit(2)
     res = r.json()
     if format == "json":
@@ -382,7 +385,11 @@ def render_gate(res: dict, console) -> None:
                          f"ran once in production, so the check is lenient there)" if hv.get("conservative_replays") else ""))
     elif exp:
         checks.append("harness check not measured (no nominal replays of the incumbent)")
+    if exp.get("since"):
+        checks.insert(0, f"since {exp['since']}")
     console.print("experiment: " + "; ".join(checks))
+    if res.get("published"):
+        console.print("published: relyscope_gate_verdict, the report and alerts now show this verdict")
     if res.get("what_if"):
         console.print("[yellow]what-if: judged under --policy, which differs from the sidecar's configured policy; "
                       "not published (relyscope_gate_verdict, the report and alerts keep the configured "

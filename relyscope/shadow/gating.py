@@ -63,9 +63,10 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
     agents have these versions. Returns ``(result, experiment)``: the verdict, and what the
     experiment was — agent, run kinds, sandbox-miss and harness figures (also when they passed),
     and ``pending_replays`` (replays of either version still scheduled or running: the verdict may
-    still move). ``since_s`` (Unix seconds) scopes the experiment: only runs that ended at or
-    after it, and only replays scheduled at or after it, count — so a second experiment on the
-    same versions (a fixed sandbox, a re-run) is not mixed with the first. Raises
+    still move). ``since_s`` (Unix seconds) scopes the experiment: only replays scheduled at or
+    after it (their runs, sandbox and pending counts; in canary mode: runs that ended at or after
+    it) count — so a second experiment on the same versions (a fixed sandbox, a re-run) is not
+    mixed with the first, and no experiment is cut in two by when its replays happened to end. Raises
     UnknownVersion, ValueError (bad mode), StoreUnavailable.
     """
     if mode not in MODES:
@@ -80,10 +81,17 @@ def run_gate(load: Callable[..., list[Trial]], store: Any, *, baseline: str, can
         scope: dict[str, Any] = {"version": version, "run_kind": kind}
         if agent:
             scope["agent"] = agent
-        if since_s is not None:
+        if since_s is not None and mode != "shadow":
             scope["since_ns"] = int(since_s * 1e9)
         trials = load(**scope)
+        if since_s is not None and mode == "shadow":  # replays by when they were scheduled
+            traces = ShadowLedger(store).replay_traces_since(version, since_s, agent=agent)
+            trials = [t for t in trials if t.trace_id in traces]
         agents = sorted({t.agent_name for t in trials})
+        if not trials and since_s is not None and mode == "shadow":
+            raise UnknownVersion(f"{label} version {version!r} has no {kind} replays"
+                                 + (f" of agent {agent!r}" if agent else "")
+                                 + f" scheduled since {_iso(since_s)}" + _known_replay_versions(store, since_s))
         if not trials:
             raise UnknownVersion(f"{label} version {version!r} has no {kind} runs"
                                  + (f" of agent {agent!r}" if agent else "")
@@ -226,6 +234,21 @@ def _known_versions(store: Any, kind: str, since_s: float | None = None) -> str:
     out = (f"; versions with {kind} runs since then: {', '.join(inside)}" if inside
            else f"; no version has {kind} runs since then")
     return out + (f"; with {kind} runs before it only: {', '.join(before)}" if before else "")
+
+
+def _known_replay_versions(store: Any, since_s: float) -> str:
+    """The tail of an UnknownVersion message of a shadow gate scoped by ``since_s``: the versions
+    with replays scheduled since then, and those scheduled before it only, with when the last was."""
+    rows = store.query("SELECT agent, target_version, countIf(scheduled_at >= fromUnixTimestamp64Milli(%(s)s)), "
+                       "toUnixTimestamp64Milli(max(scheduled_at)) FROM {db}.shadow_replays FINAL "
+                       "GROUP BY agent, target_version ORDER BY agent, target_version", {"s": int(since_s * 1000)})
+    if not rows:
+        return "; no replays are scheduled yet"
+    inside = [f"{a} {v} ({_n(int(n), 'replay')})" for a, v, n, _ in rows if n]
+    before = [f"{a} {v} (last scheduled {_iso(int(last) / 1000)})" for a, v, n, last in rows if not n]
+    out = (f"; versions with replays scheduled since then: {', '.join(inside)}" if inside
+           else "; no version has replays scheduled since then")
+    return out + (f"; with replays scheduled before it only: {', '.join(before)}" if before else "")
 
 
 def _n(n: int, noun: str) -> str:

@@ -223,6 +223,17 @@ class ShadowLedger:
             f"WHERE {' AND '.join(where)}", params)[0]
         return int(r[0]), int(r[1])
 
+    def replay_traces_since(self, target_version: str, since_s: float, *, agent: str | None = None) -> set[str]:
+        """Trace ids of the replays of ``target_version`` scheduled at or after ``since_s`` (Unix
+        seconds): the replays of the experiments started since then (each replay's latest attempt)."""
+        where, params = ["target_version = %(v)s", "scheduled_at >= fromUnixTimestamp64Milli(%(since)s)",
+                         "trace_id != ''"], {"v": target_version, "since": int(since_s * 1000)}
+        if agent:
+            where.append("agent = %(a)s")
+            params["a"] = agent
+        return {r[0] for r in self.store.query(
+            f"SELECT trace_id FROM {{db}}.shadow_replays FINAL WHERE {' AND '.join(where)}", params)}
+
     def versions(self) -> list[tuple[str, str, int]]:
         """(agent, target version, replays) known to the ledger."""
         rows = self.store.query("SELECT agent, target_version, count() FROM {db}.shadow_replays FINAL "
