@@ -12,16 +12,20 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["parse_window", "parse_windows", "window_name", "DEFAULT_WINDOWS"]
+__all__ = ["parse_window", "parse_windows", "window_name", "DEFAULT_WINDOWS", "MAX_WINDOW_S"]
 
 DEFAULT_WINDOWS: Final = "5m,1h,24h,7d,all"
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _RE: Final = re.compile(r"^(\d+)([smhd])$")
+#: the longest window (100 years of 365 days, seconds); longer is 'all' (a length past a float's
+#: range raised OverflowError: a 500 from the API, a traceback from the CLI)
+MAX_WINDOW_S: Final = 100 * 365 * 86400
 
 
 def parse_windows(spec: str) -> list[tuple[str, float | None]]:
     """``"5m,1h,all"`` → ``[("5m", 300.0), ("1h", 3600.0), ("all", None)]`` (order kept,
-    duplicates dropped). Raises ValueError naming the bad entry (empty, zero, unknown unit)."""
+    duplicates dropped). Raises ValueError naming the bad entry (empty, zero, unknown unit,
+    longer than :data:`MAX_WINDOW_S`)."""
     out: list[tuple[str, float | None]] = []
     for raw in spec.split(","):
         name = raw.strip()
@@ -33,7 +37,11 @@ def parse_windows(spec: str) -> list[tuple[str, float | None]]:
             m = _RE.match(name)
             if not m or int(m.group(1)) == 0:
                 raise ValueError(f"bad window {name!r}: use <n>s|m|h|d (n > 0) or 'all'")
-            length = float(int(m.group(1)) * _UNITS[m.group(2)])
+            seconds = int(m.group(1)) * _UNITS[m.group(2)]
+            if seconds > MAX_WINDOW_S:
+                raise ValueError(f"bad window {name[:40]!r}{'…' if len(name) > 40 else ''}: longer than 100 "
+                                 "years (36500d); use 'all' for all time")
+            length = float(seconds)
         if name not in [n for n, _ in out]:
             out.append((name, length))
     return out

@@ -184,8 +184,9 @@ def parse_since(value: str | float | None, *, now: float | None = None) -> float
         if t is None and (text[:1].isdigit() and text[-1:] in "smhd" and text[:-1].isdigit()):
             try:
                 _, length = parse_window(text)
-            except ValueError:
-                raise ValueError(f"since {value!r}: a duration must be more than 0 (90m, 2h, 1d)") from None
+            except ValueError as e:
+                raise ValueError(f"since {text[:40]!r}: a duration must be more than 0 and at most 100 years "
+                                 f"(90m, 2h, 1d): {e}") from None
             t = now - float(length)
         if t is None:
             try:
