@@ -31,7 +31,8 @@ def test_api_url(value, url):
     assert api_url(value) == url
 
 
-@pytest.mark.parametrize("value", ["ftp://x:1", "http://", "9464", "host:port", "host:9464/api"])
+@pytest.mark.parametrize("value", ["ftp://x:1", "http://", "9464", "host:port", "host:9464/api", "http://[::1",
+                                   "http://h:99999", "http://:80"])
 def test_api_url_refuses_what_is_neither(value):
     with pytest.raises(typer.BadParameter):
         api_url(value)

@@ -77,7 +77,7 @@ def test_bad_arguments_say_what_to_change():
     r = _run("--protocol", "thrift")
     assert r.returncode == 2 and "--protocol must be one of grpc, http/protobuf" in " ".join(r.stderr.split())
     r = _run("--endpoint", "http://[::1")
-    assert r.returncode == 2 and "is not a URL" in r.stderr
+    assert r.returncode == 2 and "expected an OTLP endpoint such as" in " ".join(r.stderr.split()), r.stderr
 
 
 def test_a_large_run_loses_no_span_and_a_host_port_endpoint_is_plain_grpc(sidecar_factory):

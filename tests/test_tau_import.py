@@ -192,3 +192,26 @@ def test_bad_file_rejected_before_emitting(tmp_path):
         replay_tau_bench(partial, tracer_provider=tp)
     assert exporter.get_finished_spans() == ()
     tp.shutdown()
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"{}", "expected a JSON array"),
+    (b'[{"x": 1}]', "record 0: missing one of task_id, trial, reward, traj"),
+    (b'[{"task_id": 1, "trial": 0, "reward": "x", "traj": []}]', "record 0: reward must be a finite number"),
+    (b'[{"task_id": 1, "trial": 0, "reward": 1, "traj": "hi"}]', "record 0: traj must be a list"),
+    (b"not json", "not a UTF-8 JSON file"),
+    (b"\xff\xfe", "not a UTF-8 JSON file"),
+])
+def test_cli_says_what_is_wrong_with_a_file(tmp_path, body, says):
+    """`relyscope import tau-bench` answered these with a ValueError / JSONDecodeError /
+    UnicodeDecodeError traceback (a reward "x" only once half the file was sent)."""
+    import subprocess
+
+    from relyscope.testing import RELYSCOPE_BIN
+
+    f = tmp_path / "bad-airline.json"
+    f.write_bytes(body)
+    r = subprocess.run([str(RELYSCOPE_BIN), "import", "tau-bench", str(f), "--out", str(tmp_path / "o.jsonl")],
+                       capture_output=True, text=True, timeout=120, env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""

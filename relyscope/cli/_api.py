@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-__all__ = ["API_ENV", "DEFAULT_API", "api_option", "api_url"]
+__all__ = ["API_ENV", "DEFAULT_API", "api_option", "api_url", "otlp_endpoint"]
 
 DEFAULT_API = "http://127.0.0.1:9464"
 API_ENV = "RELYSCOPE_API"
@@ -29,8 +29,12 @@ def api_url(value: Optional[str]) -> Optional[str]:
         return None
     v = value.strip()
     if "://" in v:
-        u = urlsplit(v)
-        if u.scheme not in ("http", "https") or not u.netloc:
+        try:
+            u = urlsplit(v)
+            u.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError as e:  # 'http://[::1' (Invalid IPv6 URL), 'http://h:99999'
+            raise typer.BadParameter(f"expected http(s)://HOST:PORT or HOST:PORT, got {value!r} ({e})") from None
+        if u.scheme not in ("http", "https") or not u.hostname:
             raise typer.BadParameter(f"expected http(s)://HOST:PORT or HOST:PORT, got {value!r}")
         return v
     host, sep, port = v.rpartition(":")
@@ -40,6 +44,24 @@ def api_url(value: Optional[str]) -> Optional[str]:
     host = host.strip("[]")
     host = _LOOPBACK.get(host, f"[{host}]" if ":" in host else host)
     return f"http://{host}:{port}"
+
+
+def otlp_endpoint(value: Optional[str]) -> Optional[str]:
+    """An OTLP endpoint option's value: an http(s) URL with a host, or ``HOST:PORT`` (``http://``
+    added: the gRPC exporter takes a bare ``host:port`` for TLS). None stays None. A typer
+    ``callback``; raises ``typer.BadParameter`` saying what is expected."""
+    if value is None:
+        return None
+    v = value.strip()
+    v = v if "://" in v else "http://" + v
+    try:
+        u = urlsplit(v)
+        u.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError as e:  # 'http://[::1' (Invalid IPv6 URL)
+        raise typer.BadParameter(f"expected an OTLP endpoint such as http://127.0.0.1:4317, got {value!r} ({e})") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise typer.BadParameter(f"expected an OTLP endpoint such as http://127.0.0.1:4317, got {value!r}")
+    return v
 
 
 def api_option(default: Optional[str] = None) -> typer.models.OptionInfo:

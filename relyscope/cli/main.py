@@ -23,7 +23,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from relyscope.cli._api import DEFAULT_API, api_option
+from relyscope.cli._api import DEFAULT_API, api_option, otlp_endpoint
 from relyscope.cli._console import EXIT_BROKEN_PIPE, CliConsole
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -171,6 +171,20 @@ def serve(
         pass
 
 
+def _open_store(dsn: str):
+    """:class:`relyscope.store.Store` of ``dsn``, or exit 2 with the reason the store refused it
+    (ValueError: a DSN it cannot open as given, a data directory that cannot be made)."""
+    from rich.markup import escape
+
+    from relyscope.store import Store
+
+    try:
+        return Store(dsn)
+    except ValueError as e:
+        err.print(f"[red]{escape(str(e))}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 def _provider(endpoint: str, protocol: str, service_name: str):
     from relyscope.instrumentation import configure
 
@@ -180,7 +194,8 @@ def _provider(endpoint: str, protocol: str, service_name: str):
 @import_app.command("tau-bench")
 def import_tau_bench(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="τ-bench results JSON (list of EnvRunResult)"),
-    endpoint: str = typer.Option("http://127.0.0.1:4317", help="OTLP endpoint of the sidecar (or any collector)"),
+    endpoint: str = typer.Option("http://127.0.0.1:4317", callback=otlp_endpoint,
+                                 help="OTLP endpoint of the sidecar (or any collector)"),
     protocol: str = typer.Option("grpc", help="grpc | http/protobuf"),
     out: Optional[Path] = typer.Option(None, help="write OTLP/JSON lines to this file instead of sending"),
 ) -> None:
@@ -191,6 +206,13 @@ def import_tau_bench(
 
     from relyscope.importers.tau_bench import count_runs, replay_tau_bench
 
+    try:  # the whole file checked before anything is sent
+        total = count_runs(str(file))
+    except (ValueError, OSError) as e:
+        from rich.markup import escape
+
+        err.print(f"[red]cannot import {escape(str(file))}:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2) from None
     if out is not None:
         from relyscope.instrumentation.otlp_json import OTLPJsonFileExporter
 
@@ -199,7 +221,6 @@ def import_tau_bench(
         tp.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=512))
     else:
         tp = _provider(endpoint, protocol, "tau-bench-import")
-    total = count_runs(str(file))
 
     def progress(done: int) -> None:
         prog.update(task, completed=done)
@@ -301,7 +322,6 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
                        window: Optional[str] = None) -> dict:
     import time
 
-    from relyscope.store import Store
 
     from relyscope.scoring.rollup import window_start
     from relyscope.scoring.windows import parse_window
@@ -310,7 +330,7 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
     length = parse_window(window)[1] if window else None
     policy_file = policy_file or _settings().policy_file  # RELYSCOPE_POLICY_FILE, as the sidecar reads it
     policy = _load_policy_or_exit(policy_file)
-    st = Store(dsn)
+    st = _open_store(dsn)
     try:
         # resolved as the sidecar resolves them, with the judge's verdicts the store holds (if any)
         trials = load_resolved(st, policy, judge=True)
@@ -545,7 +565,6 @@ def score(
     from relyscope.collector.decoding import ingest_setup
     from relyscope.collector.normalize import normalize
     from relyscope.collector.otlp import DecodeResult, OTLPRequestError, decode_http
-    from relyscope.store import Store
     from relyscope.trajectory import TrajectoryBuilder
 
     settings = _settings()
@@ -561,7 +580,7 @@ def score(
     tally = DecodeResult()
     stored = redacted = tokenized = 0
     try:
-        st = Store(f"chdb://{data_dir}")
+        st = _open_store(f"chdb://{data_dir}")
         bodies = []  # (file, line number or None, body)
         for f in files:
             text = f.read_bytes()
@@ -741,7 +760,8 @@ def demo(
 
 @app.command("demo-agent")
 def demo_agent(
-    endpoint: Optional[str] = typer.Option(None, help="OTLP endpoint of a running sidecar (or of a collector in "
+    endpoint: Optional[str] = typer.Option(None, callback=otlp_endpoint,
+                                           help="OTLP endpoint of a running sidecar (or of a collector in "
                                            "front of one) [default: http://127.0.0.1:4317 for grpc, "
                                            "http://127.0.0.1:4318 for http/protobuf]"),
     protocol: str = typer.Option("grpc", help="grpc | http/protobuf"),
@@ -769,17 +789,9 @@ def demo_agent(
         raise typer.Exit(2)
     if endpoint is None:
         endpoint = "http://127.0.0.1:4317" if protocol == "grpc" else "http://127.0.0.1:4318"
-    elif "://" not in endpoint:  # host:port — the gRPC exporter would take it for TLS
-        endpoint = "http://" + endpoint
-    try:
-        parts = urlsplit(endpoint)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        host = parts.hostname
-        if parts.scheme not in ("http", "https") or not host:
-            raise ValueError
-    except ValueError:
-        err.print(f"[red]--endpoint {endpoint!r} is not a URL[/red] such as http://127.0.0.1:4317")
-        raise typer.Exit(2) from None
+    parts = urlsplit(endpoint)  # checked by otlp_endpoint
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname
     try:  # fail fast: the SDK's exporter would retry each batch for ~10 s and only log
         socket.create_connection((host, port), timeout=3).close()
     except OSError as e:

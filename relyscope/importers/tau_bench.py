@@ -24,6 +24,7 @@ message to 0.4 ms after its result message; the root ends 1 ms after the last me
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -83,19 +84,24 @@ def _provider_for(model: str | None) -> str | None:
 
 
 def _load(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:  # both ValueErrors: say which file, and why
+        raise ValueError(f"not a UTF-8 JSON file ({e})") from None
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON array of tau-bench EnvRunResult records")
+        raise ValueError("expected a JSON array of tau-bench EnvRunResult records")
     return data
 
 
 def count_runs(path: str | os.PathLike[str]) -> int:
-    """Number of runs (records) in the file — the total for a progress bar.
+    """Number of runs (records) in the file — the total for a progress bar —, every record checked
+    as :func:`replay_tau_bench` checks it, so a bad file fails before anything is sent.
 
-    Raises ValueError if the file is not a JSON array; OSError if unreadable.
+    Raises ValueError if the file is not UTF-8 JSON, not an array, or a record lacks what a run
+    needs (naming the record); OSError if unreadable.
     """
-    return len(_load(path))
+    return sum(1 for _ in _records(_load(path)))
 
 
 def _pair_tool_results(
@@ -132,9 +138,15 @@ def _output_message(msg: dict[str, Any], finish_reason: str) -> list[dict[str, A
 
 
 def _records(data: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records, each checked for what :func:`_replay_one` reads (ValueError naming the record)."""
     for r, rec in enumerate(data):
         if not isinstance(rec, dict) or not {"task_id", "trial", "reward", "traj"} <= rec.keys():
             raise ValueError(f"record {r}: missing one of task_id, trial, reward, traj")
+        reward = rec["reward"]
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise ValueError(f"record {r}: reward must be a finite number, got {reward!r:.60}")
+        if not isinstance(rec["traj"], list) or not all(isinstance(m, dict) for m in rec["traj"]):
+            raise ValueError(f"record {r}: traj must be a list of chat messages (objects)")
         yield r, rec
 
 

@@ -163,10 +163,15 @@ def check_dsn(dsn: str) -> str:
 
 
 def resolve_dsn(dsn: str) -> str:
-    """Make a ``chdb://`` path absolute (see :func:`chdb_path`) and create its directory."""
+    """Make a ``chdb://`` path absolute (see :func:`chdb_path`) and create its directory. Raises
+    ValueError when that directory cannot be made (a file is there, no permission, /proc)."""
     path = chdb_path(dsn)
     if path is not None:
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"store DSN chdb://{path}: cannot use {path} as the embedded store's data "
+                             f"directory ({e.strerror or e}): give a directory that exists or can be created") from None
         return "chdb://" + path
     return dsn
 
