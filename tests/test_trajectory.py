@@ -293,6 +293,19 @@ def test_workflow_wrapper_without_own_steps_around_separate_trials_is_dropped():
     assert sorted((t.agent_name, t.actions) for t in trials) == [("a1", ("llm",)), ("a2", ("t",))]
 
 
+def test_a_sibling_run_without_steps_or_outcome_is_still_a_trial():
+    """Two parentless agent runs in one trace (a session id reused as trace id) are two trials
+    (D06). The first, with no model or tool span and no outcome yet (one is posted later), was
+    dropped as if it were a wrapper around the second — and the outcome posted for it never
+    counted. Under one parent the same; a wrapper that encloses the other run is still dropped."""
+    for parent in ("", "p"):
+        spans = [agent("1", parent, 0, 5, name="r", **{"relyscope.confidence": 0.7}),
+                 agent("2", parent, 6, 9, name="r"), chat("3", "2", 7, 8)]
+        trials = assemble(T, dict((s.span_id, (s, m)) for s, m in pairs(*spans)), complete=True)
+        assert sorted((t.root_span_id, t.actions, t.confidence) for t in trials) == [
+            (sid("1"), (), 0.7), (sid("2"), ("llm",), None)], parent
+
+
 # ---- model calls without a matching tool span ---------------------------------------------------
 
 def test_requested_tool_call_without_tool_span_is_flagged_until_it_arrives():

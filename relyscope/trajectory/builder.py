@@ -328,10 +328,26 @@ def assemble(
             if extra:
                 t = replace(t, evaluations=t.evaluations + tuple(extra),
                             flags=t.flags | {"linked_evaluation"})
-        if i == 0 and len(roots) > 1 and not t.steps and t.outcome == "unknown":
+        if i == 0 and len(roots) > 1 and not t.steps and t.outcome == "unknown" and _wraps(spans, root, roots[1:]):
             continue  # a wrapper around separate trials with nothing of its own
         trials.append(t)
     return trials
+
+
+def _wraps(spans: Spans, main: str, others: list[str]) -> bool:
+    """Whether ``main`` (the virtual root: "") is an ancestor of one of ``others`` — a wrapper,
+    not a sibling run (two runs under one parent, or both parentless, are each a trial, D06: a
+    sibling without steps or outcome yet, waiting for a posted one, was dropped)."""
+    if not main:
+        return True
+    for r in others:
+        seen, p = {r}, spans[r][0].parent_span_id
+        while p and p in spans and p not in seen:
+            if p == main:
+                return True
+            seen.add(p)
+            p = spans[p][0].parent_span_id
+    return False
 
 
 def _enclosing_sems(root: str, members: list[str], spans: Spans, depth: dict[str, int]) -> list[SpanSemantics]:
