@@ -348,6 +348,30 @@ def test_the_other_pool_takes_only_its_members_whatever_their_names_hold(store):
     assert {g: int(st.col("n_all").sum()) for g, st in gone.items()} == {member: 15, admitted: 15}
 
 
+def test_the_other_pool_keeps_each_members_tasks_apart(store):
+    """Pooled members' tasks were merged by task id: agent X's two successes and agent Y's two
+    failures of task "t" made one task of four runs — pass^2 = C(2,2)/C(4,2) = 1/6 and C_out 0
+    for two perfectly consistent tasks (by hand: pass^2 = (1 + 0) / 2 = 0.5, C_out = 1, both
+    over two tasks). Two versions of one agent are likewise two tasks."""
+    now = time.time()
+    rng = random.Random(8)
+    members = [("X", "1"), ("Y", "1"), ("X", "2")]
+    trials = [_plain(rng, 200 + i, now, task="t", agent_name=a, agent_version=v, outcome=o, confidence=None,
+                     end_ns=int((now - 60 - i) * 1e9))
+              for i, (a, v, o) in enumerate([("X", "1", "success"), ("X", "1", "success"), ("Y", "1", "failure"),
+                                             ("Y", "1", "failure"), ("X", "2", "success")])]
+    store.insert_trials(trials)
+    ru = Rollup(store, POLICY)
+    ru.sync()
+    pooled = ru.window_stats(("other", "other", "production"), 0, None, members=members)
+    assert len(pooled.task_ids) == 3
+    gs = score_stats(pooled, safety_measured=False, n_boot=0, seed=0, max_k=5)
+    assert gs.metrics["pass^2"].value == pytest.approx(0.5)  # X@1: 1, Y@1: 0 (X@2 has one run)
+    assert gs.metrics["pass^2"].n_tasks == 2
+    assert gs.metrics["C_out"].value == pytest.approx(1.0)
+    assert gs.metrics["success_rate"].value == pytest.approx(3 / 5)
+
+
 def test_one_trial_id_in_two_groups_is_two_trials(store):
     """The store keys a trial by (group, trial id): an application that numbers its trials
     (``relyscope.trial.id`` = 'task7-run3') for a baseline and a candidate version stores two

@@ -34,6 +34,7 @@ overlap), never to the history. Raises :class:`relyscope.store.StoreUnavailable`
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -621,8 +622,11 @@ class Rollup:
         :func:`window_start`) — and before ``until_s`` if given — at the level of ``window_s``
         (None: all time) unless ``level`` is given, with the trajectory sample (the most recent
         ``traj_sample`` successful runs per task that ended in the window). ``members``: pool
-        these (agent, version) pairs of run kind ``group[2]`` instead (sums are additive; a task id
-        shared by several of them is one task) — the cardinality cap's ``other`` group.
+        these (agent, version) pairs of run kind ``group[2]`` instead — the cardinality cap's
+        ``other`` group: each member's task is a task of its own, keyed ``["agent", "version",
+        "task"]`` (JSON), since one task id of two agents, or of two versions, is two tasks (pooled
+        into one, agent X's two successes and agent Y's two failures of task "t" gave pass^2 1/6 and
+        C_out 0 for two perfectly consistent tasks).
         ``trajectories`` False: skip the trajectory sample (``trajectories`` left empty lists)."""
         level = level if level is not None else level_for(window_s)[0]
         # no upper bound unless asked: a trial that ends in the future (a skewed clock; past 2106
@@ -638,29 +642,34 @@ class Rollup:
             p["av"] = sorted(tuple(m) for m in members)
         where = (f"{who} AND run_kind = %(k)s AND level = %(l)s AND bucket >= toDateTime(%(s)s, 'UTC')"
                  + (" AND bucket < toDateTime(%(u)s, 'UTC')" if until_s is not None else ""))
+        # a task: its id in one group; (agent, version, id) among pooled members
+        task, nk = ("agent, version, task_id", 3) if members is not None else ("task_id", 1)
+        key = (lambda r: json.dumps(list(r[:3]), ensure_ascii=False)) if nk == 3 else (lambda r: r[0])
         rows = self.store.query(
-            f"SELECT task_id, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
-            f"FROM {{db}}.task_stats WHERE {where} GROUP BY task_id HAVING sum(n_all) != 0 ORDER BY task_id", p)
-        ids = [r[0] for r in rows]
+            f"SELECT {task}, toUnixTimestamp64Nano(max(max_end)), {', '.join(f'sum({c})' for c in _SUM_NAMES)} "
+            f"FROM {{db}}.task_stats WHERE {where} GROUP BY {task} HAVING sum(n_all) != 0 ORDER BY {task}", p)
+        if nk == 3:
+            rows.sort(key=key)
+        ids = [key(r) for r in rows]
         idx = {t: i for i, t in enumerate(ids)}
-        max_end = max((int(r[1]) for r in rows), default=0)
-        sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[2:]] for r in rows],
+        max_end = max((int(r[nk]) for r in rows), default=0)
+        sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[nk + 1:]] for r in rows],
                         dtype=object).reshape(len(ids), len(_SUM_NAMES))
-        hist = [(idx[r[0]], float(r[1]), int(r[2]), int(r[3])) for r in self.store.query(
-            f"SELECT task_id, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
-            "GROUP BY task_id, q HAVING sum(pos) != 0 OR sum(neg) != 0 ORDER BY task_id, q", p) if r[0] in idx]
+        hist = sorted((idx[key(r)], float(r[nk]), int(r[nk + 1]), int(r[nk + 2])) for r in self.store.query(
+            f"SELECT {task}, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
+            f"GROUP BY {task}, q HAVING sum(pos) != 0 OR sum(neg) != 0 ORDER BY {task}, q", p) if key(r) in idx)
         traj: list[list[tuple[str, ...]]] = [[] for _ in ids]
         if not trajectories:
             return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
         p["m"] = self.traj_sample
         p["hs"] = since_s // 3600 * 3600
         for r in self.store.query(
-                f"SELECT task_id, actions FROM {{db}}.traj_sample FINAL WHERE {who} "
+                f"SELECT {task}, actions FROM {{db}}.traj_sample FINAL WHERE {who} "
                 "AND run_kind = %(k)s AND hour >= toDateTime(%(hs)s, 'UTC') AND end_time >= toDateTime64(%(s)s, 9, 'UTC') "
                 + ("AND end_time < toDateTime64(%(u)s, 9, 'UTC') " if until_s is not None else "")
-                + "AND alive ORDER BY task_id, end_time DESC, trial_id LIMIT %(m)s BY task_id", p):
-            if r[0] in idx:
-                traj[idx[r[0]]].append(tuple(r[1]))
+                + f"AND alive ORDER BY {task}, end_time DESC, trial_id LIMIT %(m)s BY {task}", p):
+            if key(r) in idx:
+                traj[idx[key(r)]].append(tuple(r[nk]))
         return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
 
     def range_stats(self, groups: list[GroupKey], level: int, since_s: int, until_s: int) -> dict[GroupKey, TaskStats]:
