@@ -124,3 +124,36 @@ def test_outcome_api_contradiction_and_uppercase_trace_id(sidecar):
     assert r.status_code == 422
     r = sidecar.post("/api/v1/outcomes", json={"trace_id": "AB" * 16, "success": True})
     assert r.status_code == 200 and r.json()["key"] == "ab" * 16
+
+
+def test_an_outcome_posted_by_trial_id_survives_the_trial_being_rekeyed(sidecar):
+    """A nested agent span (its parent, the real root, still to come) is finalized as a trial of
+    its own; an outcome posted for the trial id the API listed was lost once the root arrived and
+    the trial was re-keyed to it (tombstone for the old id): the run stayed unknown (breaker #2).
+    The post now counts for the trial that replaced it."""
+    t0 = 1_760_100_000_000_000_000
+    tid, agent = TRACE.format(0xabc), "rekey-agent"
+
+    def span(sid, parent, name, start_s, end_s, attrs):
+        return {"traceId": tid, "spanId": SPAN.format(sid), "parentSpanId": SPAN.format(parent) if parent else "",
+                "name": name, "kind": 1, "startTimeUnixNano": str(t0 + int(start_s * 1e9)),
+                "endTimeUnixNano": str(t0 + int(end_s * 1e9)),
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]}
+
+    run = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent, "relyscope.task.id": "t"}
+
+    def send(*spans):
+        body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": list(spans)}]}]}
+        assert httpx.post(sidecar.otlp_http + "/v1/traces", json=body, timeout=30).status_code == 200
+        sidecar.flush()
+
+    send(span(2, 1, "invoke_agent inner", 0.2, 1.2, run), span(3, 2, "chat m", 0.3, 0.4, {"gen_ai.operation.name": "chat"}))
+    (first,) = sidecar.trials(agent=agent)
+    r = sidecar.post("/api/v1/outcomes", json={"trial_id": first["trial_id"], "success": False, "source": "fb"})
+    assert r.status_code == 200 and r.json()["known"] is True, r.text
+    send(span(1, 0, "invoke_agent outer", 0.0, 2.0, run))  # the real root, late
+    (now,) = sidecar.trials(agent=agent)
+    assert now["trial_id"] != first["trial_id"]  # re-keyed to the real root
+    assert (now["outcome"], now["outcome_source"]) == ("failure", "posted:fb")
+    g = [g for g in sidecar.report()["groups"] if g["agent"] == agent][0]
+    assert g["outcomes"] == {"success": 0, "failure": 1, "unknown": 0}

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from relyscope.model import Evaluation, Trial
 from relyscope.scorers.graders import PostedOutcome, resolve_outcome
 
-__all__ = ["apply_outcomes", "JUDGE_EVALUATION"]
+__all__ = ["apply_outcomes", "rekeyed_posts", "JUDGE_EVALUATION"]
 
 JUDGE_EVALUATION = "relyscope.judge"
 
@@ -23,16 +23,42 @@ JUDGE_EVALUATION = "relyscope.judge"
 PostedRows = Mapping[tuple[str, str], Sequence[tuple[str, float | None, str, bool, int]]]
 
 
+def rekeyed_posts(trials: Sequence[Trial], tombstones: Sequence[Trial]) -> dict[str, list[str]]:
+    """Trial id → the ids it replaced, whose posted outcomes are its own: a trial finalized before
+    its trace's real root arrived (a nested agent span, or the virtual root) is re-keyed to that
+    root, leaving a ``superseded`` tombstone; an outcome posted for the id the API listed then
+    named no trial and was lost. Each tombstone goes to the live trial of its trace whose time
+    interval contains its own (the innermost one), else to the trace's only trial; else nowhere.
+    ``tombstones``: the superseded rows of the traces of ``trials`` (their times kept)."""
+    by_trace: dict[str, list[Trial]] = {}
+    for t in trials:
+        by_trace.setdefault(t.trace_id, []).append(t)
+    out: dict[str, list[str]] = {}
+    for old in tombstones:
+        live = [t for t in by_trace.get(old.trace_id, ()) if t.trial_id != old.trial_id]
+        inside = [t for t in live if t.start_ns <= old.start_ns and old.end_ns <= t.end_ns]
+        heir = (min(inside, key=lambda t: (t.end_ns - t.start_ns, t.trial_id)) if inside
+                else live[0] if len(live) == 1 else None)
+        if heir is not None:
+            out.setdefault(heir.trial_id, []).append(old.trial_id)
+    return out
+
+
 def apply_outcomes(trials: Sequence[Trial], posted: PostedRows,
-                   judged: Mapping[str, Evaluation] | None = None) -> list[Trial]:
+                   judged: Mapping[str, Evaluation] | None = None,
+                   rekeyed: Mapping[str, Sequence[str]] | None = None) -> list[Trial]:
     """Trials with ``outcome`` / ``outcome_source`` / ``outcome_score`` resolved (§6).
 
     ``posted``: (``"trial"``, trial id) or (``"trace"``, trace id) → posted rows, oldest first.
-    ``judged``: trial id → the LLM judge's evaluation, if a judge is configured. A trial whose
+    ``judged``: trial id → the LLM judge's evaluation, if a judge is configured. ``rekeyed``: trial
+    id → the ids it replaced (:func:`rekeyed_posts`), whose posts count as its own. A trial whose
     resolution does not change is returned as the same object."""
     out = []
     for t in trials:
         rows = list(posted.get(("trial", t.trial_id), ())) + list(posted.get(("trace", t.trace_id), ()))
+        if rekeyed and t.trial_id in rekeyed:
+            rows += [r for old in rekeyed[t.trial_id] for r in posted.get(("trial", old), ())]
+            rows.sort(key=lambda r: r[4])  # oldest first, as posted
         judge = judged.get(t.trial_id) if judged else None
         if not rows and not t.evaluations and judge is None:
             out.append(t)

@@ -46,7 +46,7 @@ import numpy as np
 
 from relyscope.model import Evaluation, Trial
 from relyscope.scorers.graders import grade_trial
-from relyscope.scorers.outcomes import apply_outcomes
+from relyscope.scorers.outcomes import apply_outcomes, rekeyed_posts
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.replay_outcome import is_sandbox_miss
 from relyscope.scorers.review import GroupReview, policy_for, trial_facts
@@ -564,10 +564,13 @@ class Rollup:
         prod_ids = sorted({t.shadow_of for t in trials if t.shadow_of})
         prods = self.store.load_trials(trial_ids=prod_ids) if prod_ids else []
         both = [*trials, *prods]
-        ids = [t.trial_id for t in both]
+        # outcomes posted for the ids these trials replaced when they were re-keyed count as theirs
+        rekeyed = rekeyed_posts(trials, self.store.tombstones({t.trace_id for t in trials})) if trials else {}
+        ids = [t.trial_id for t in both] + [old for olds in rekeyed.values() for old in olds]
         posted = self._outcomes_for(ids, {t.trace_id for t in both})
         judged = self._judgements_for(ids) if self.judge else None
-        return resolve_replays(self.store, apply_outcomes(trials, posted, judged), posted, judged, self.policy)
+        return resolve_replays(self.store, apply_outcomes(trials, posted, judged, rekeyed), posted, judged,
+                               self.policy)
 
     def _outcomes_for(self, trial_ids: list[str], trace_ids: set[str]):
         if not trial_ids and not trace_ids:

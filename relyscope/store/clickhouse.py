@@ -1073,6 +1073,21 @@ class Store:
             out.setdefault((r[0], r[1]), []).append((r[2], r[3], r[4], bool(r[5]), int(r[6])))
         return out
 
+    def tombstones(self, trace_ids: Iterable[str] | None = None) -> list[Trial]:
+        """The ``superseded`` rows (tombstones of re-keyed trials) of ``trace_ids`` (None: all),
+        with their ids, groups and times (no steps). Raises StoreUnavailable."""
+        where, params = "status = 'superseded'", {}
+        if trace_ids is not None:
+            where += " AND trace_id IN %(t)s"
+            params["t"] = sorted(set(trace_ids)) or [""]
+        rows = self.query("SELECT trial_id, trace_id, root_span_id, task_id, agent, version, run_kind, "
+                          "toUnixTimestamp64Nano(start_time), toUnixTimestamp64Nano(end_time) "
+                          f"FROM {{db}}.trials FINAL WHERE {where}", params)
+        return [Trial(trial_id=r[0], trace_id=r[1], root_span_id=r[2], task_id=r[3], task_id_source="",
+                      agent_name=r[4], agent_version=r[5], run_kind=r[6], outcome="unknown", outcome_source=None,
+                      outcome_score=None, claimed_success=None, confidence=None, conversation_id=None,
+                      start_ns=int(r[7]), end_ns=int(r[8]), steps=(), status="superseded") for r in rows]
+
     def load_trials(self, *, agent: str | None = None, version: str | None = None,
                     run_kind: str | None = None, since_ns: int | None = None,
                     until_ns: int | None = None, trace_ids: Iterable[str] | None = None,
