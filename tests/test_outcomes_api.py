@@ -149,7 +149,10 @@ def test_an_outcome_posted_by_trial_id_survives_the_trial_being_rekeyed(sidecar)
 
     send(span(2, 1, "invoke_agent inner", 0.2, 1.2, run), span(3, 2, "chat m", 0.3, 0.4, {"gen_ai.operation.name": "chat"}))
     (first,) = sidecar.trials(agent=agent)
-    r = sidecar.post("/api/v1/outcomes", json={"trial_id": first["trial_id"], "success": False, "source": "fb"})
+    # in upper case, as a person may copy it: the derived id is hex, stored lower-case (was
+    # recorded for an id no trial has: known false, never counted)
+    r = sidecar.post("/api/v1/outcomes", json={"trial_id": first["trial_id"].upper(), "success": False,
+                                               "source": "fb"})
     assert r.status_code == 200 and r.json()["known"] is True, r.text
     send(span(1, 0, "invoke_agent outer", 0.0, 2.0, run))  # the real root, late
     (now,) = sidecar.trials(agent=agent)

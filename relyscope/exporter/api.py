@@ -29,6 +29,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import re
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
@@ -57,6 +58,10 @@ MAX_API_BODY_BYTES = 1 << 20  # the API takes small JSON bodies only
 TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"  # OTLP/JSON trace id: 16 bytes as hex
 
 
+#: a trial id as the trajectory builder derives it: the trace id and the root span id, in hex
+_DERIVED_TRIAL_ID = re.compile(r"[0-9A-Fa-f]{32}:[0-9A-Fa-f]{16}")
+
+
 class OutcomeIn(BaseModel):
     """A posted outcome (metrics.md §6): exactly one of ``trial_id`` / ``trace_id``.
 
@@ -83,6 +88,10 @@ class OutcomeIn(BaseModel):
         if self.outcome is not None and self.success is not None and \
                 self.outcome != ("success" if self.success else "failure"):
             raise ValueError(f"outcome {self.outcome!r} contradicts success={self.success}")
+        if self.trial_id is not None and _DERIVED_TRIAL_ID.fullmatch(self.trial_id):
+            # the id relyscope derives ("<trace id>:<root span id>") is lowercase hex, as stored:
+            # an upper-case copy was recorded for an id no trial has (known false, never counted)
+            self.trial_id = self.trial_id.lower()
         if self.trace_id is not None:  # stored as lowercase hex, as the receivers store ids
             self.trace_id = self.trace_id.lower()
             if self.trace_id == "0" * 32:
@@ -364,8 +373,6 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
 
     @app.post("/api/v1/outcomes", dependencies=[Depends(auth)])
     async def outcomes(body: OutcomeIn) -> dict:
-        outcome = body.outcome or ("success" if body.success else "failure")
-        kind, key = ("trial", body.trial_id) if body.trial_id else ("trace", body.trace_id)
         """Store a (possibly late) outcome and rescore. Reply ``status``: ``recorded`` (it decides
         the outcome, or its trial is not finalized yet: ``known`` false — a typo in an id shows up
         so), ``overridden_by_verifier`` (kept, but the span's verified outcome or a verifier post
