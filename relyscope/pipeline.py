@@ -118,7 +118,10 @@ class Stats:
     deduplicated: int = 0
     #: spans written to the store by the worker (re-sent duplicates included: the store keeps one)
     stored: int = 0
-    requests: collections.Counter = field(default_factory=collections.Counter)  # by outcome
+    #: OTLP requests refused before their body was read, by reason: ``unauthenticated`` (a missing
+    #: or wrong bearer token: the exporter logs a 401, the sidecar showed nothing)
+    requests_refused: collections.Counter = field(default_factory=collections.Counter)
+    _refused_logged_at: float = 0.0
     trials_finalized: int = 0
     #: finalized trials that ended after the sidecar's clock, placed on it (trajectory.clock)
     trials_clock_ahead: int = 0
@@ -131,6 +134,16 @@ class Stats:
     # stored spans by redaction flag: "redacted" (the policy changed the span), "redacted_identity"
     # (an identity value or the span name got its keyed token)
     redacted: collections.Counter = field(default_factory=collections.Counter)
+
+    def refused_request(self, reason: str) -> None:
+        """Count one OTLP request refused before its body was read (``requests_refused``); a
+        warning names the reason at most once a minute (a misconfigured exporter retries often)."""
+        self.requests_refused[reason] += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= 60.0:
+            self._refused_logged_at = now
+            log.warning("OTLP requests refused: %s so far (%s: check the exporter's bearer token and "
+                        "RELYSCOPE_AUTH_TOKEN)", dict(self.requests_refused), reason)
 
     def refused(self, reason: str) -> None:
         """Count one request refused with the retryable signal, for ``reason`` (one of

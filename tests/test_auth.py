@@ -150,3 +150,25 @@ def test_management_api_requires_token_except_healthz(sc):
         sc.api + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).text
     r = httpx.get(sc.api + "/healthz", timeout=30)
     assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_refused_tokens_are_counted_and_logged(sc):
+    """An exporter with a wrong token logged 401s, but the sidecar showed nothing — no counter,
+    no log line — while the RelyscopeNoSpans runbook says to check the token (fresh user #7)."""
+    def refused() -> float:
+        m = sc.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+        line = next(x for x in m.splitlines()
+                    if x.startswith('relyscope_otlp_requests_refused_total{reason="unauthenticated"}'))
+        return float(line.split()[-1])
+
+    before = refused()
+    r = httpx.post(f"{sc.otlp_http}/v1/traces", content=_body("ef" * 16, "application/json"),
+                   headers={"Content-Type": "application/json", "Authorization": "Bearer nope"}, timeout=30)
+    assert r.status_code == 401
+    with grpc.insecure_channel(sc.otlp_grpc.removeprefix("http://")) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            trace_service_pb2_grpc.TraceServiceStub(ch).Export(_request("ef" * 16), timeout=30,
+                                                                 metadata=[("authorization", "Bearer nope")])
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert refused() == before + 2
+    assert "OTLP requests refused" in sc.log and "bearer token" in sc.log

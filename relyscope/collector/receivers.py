@@ -115,6 +115,7 @@ def create_grpc_server(pipeline: "Pipeline", bind: str, *, token: str | None = N
     def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
         md = dict(context.invocation_metadata())
         if not check_bearer(md.get("authorization"), token):
+            pipeline.stats.refused_request("unauthenticated")
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         if len(raw) > limit:  # permanent: a retry of the same request cannot succeed
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -192,6 +193,7 @@ def _signal_handlers(pipeline: "Pipeline", token: str | None) -> list:
         def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
             md = dict(context.invocation_metadata())
             if not check_bearer(md.get("authorization"), token):
+                pipeline.stats.refused_request("unauthenticated")
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
             if not pipeline.inflight.try_acquire(len(raw)):  # the traces service's budget, shared
                 pipeline.stats.refused("inflight_budget")
@@ -271,6 +273,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
         ctype = request.headers.get("content-type")
         is_json = wants_json(request)
         if not check_bearer(request.headers.get("authorization"), token):
+            pipeline.stats.refused_request("unauthenticated")
             return status_reply(401, grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token", is_json,
                                 {"WWW-Authenticate": "Bearer"})
         media_type = (ctype or "").split(";")[0].strip().lower()
@@ -336,6 +339,7 @@ def create_otlp_http_app(pipeline: "Pipeline", *, token: str | None = None) -> F
         ctype = request.headers.get("content-type")
         is_json = wants_json(request)
         if not check_bearer(request.headers.get("authorization"), token):
+            pipeline.stats.refused_request("unauthenticated")
             return status_reply(401, grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token", is_json,
                                 {"WWW-Authenticate": "Bearer"})
         if (ctype or "").split(";")[0].strip().lower() not in _ACCEPTED_TYPES:

@@ -25,6 +25,7 @@ Reliability gauges are built at scrape time from the latest group scores:
 
 Self-observability: ``relyscope_spans_{received,accepted,deduplicated}_total``,
 ``relyscope_spans_rejected_total{reason}``, ``relyscope_otlp_warnings_total{kind}``,
+``relyscope_otlp_requests_refused_total{reason=unauthenticated}``,
 ``relyscope_spans_redacted_total{kind=redacted|redacted_identity}``, ``relyscope_spool_bytes``, ``relyscope_spool_max_bytes``, ``relyscope_spool_oldest_age_seconds``, ``relyscope_backlog_seconds``, ``relyscope_spool_pending_records``,
 ``relyscope_queue_depth``, ``relyscope_open_traces``, ``relyscope_trials_finalized_total``, ``relyscope_trials_clock_ahead_total``,
 ``relyscope_store_write_errors_total``, ``relyscope_decode_worker_restarts_total``,
@@ -166,6 +167,12 @@ class _ReliabilityCollector(Collector):
         for kind in ("redacted", "redacted_identity"):
             red.add_metric([kind], s.redacted.get(kind, 0))
         yield red
+        refused = CounterMetricFamily("relyscope_otlp_requests_refused", "OTLP requests refused before their body "
+                                      "was read, by reason: unauthenticated (missing or wrong bearer token)",
+                                      labels=["reason"])
+        for reason in ("unauthenticated",):  # 0 included: an alert's rate() sees the first refusal
+            refused.add_metric([reason], s.requests_refused.get(reason, 0))
+        yield refused
         yield CounterMetricFamily("relyscope_trials_finalized", "Trials finalized (incl. re-finalized)", value=s.trials_finalized)
         yield CounterMetricFamily("relyscope_trials_clock_ahead", "Finalized trials that ended more than "
                                   "RELYSCOPE_MAX_CLOCK_AHEAD_S after the sidecar's clock (the agent host's clock runs "
