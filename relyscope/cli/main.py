@@ -857,8 +857,10 @@ def demo_agent(
         err.print("[red]some spans were not acknowledged[/red]: see the exporter's messages above (a wrong "
                   "--protocol for that port, a missing or wrong --token, the sidecar's backpressure)")
         raise typer.Exit(1)
+    default = endpoint in ("http://127.0.0.1:4317", "http://127.0.0.1:4318")
     err.print("scores appear after the sidecar's grace period and its next scoring cycle (by default 5 s and "
-              "10 s): `relyscope report`, or /metrics of the sidecar")
+              "10 s): `relyscope report`" + ("" if default else " --api HOST:PORT (that sidecar's API; or set "
+                                               "RELYSCOPE_API)") + ", or /metrics of the sidecar")
 
 
 DEMO_POLICY = Path(__file__).resolve().parents[1] / "demo" / "policy.yaml"
