@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from relyscope.cli._api import DEFAULT_API, api_option, otlp_endpoint
 from relyscope.cli._console import EXIT_BROKEN_PIPE, CliConsole
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help="relyscope: reliability scoring for AI agents, from OpenTelemetry spans.")
 import_app = typer.Typer(no_args_is_help=True, help="Import benchmark results as OTLP spans.")
 app.add_typer(import_app, name="import")
