@@ -29,14 +29,7 @@ def api_url(value: Optional[str]) -> Optional[str]:
         return None
     v = value.strip()
     if "://" in v:
-        try:
-            u = urlsplit(v)
-            u.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-        except ValueError as e:  # 'http://[::1' (Invalid IPv6 URL), 'http://h:99999'
-            raise typer.BadParameter(f"expected http(s)://HOST:PORT or HOST:PORT, got {value!r} ({e})") from None
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise typer.BadParameter(f"expected http(s)://HOST:PORT or HOST:PORT, got {value!r}")
-        return v
+        return _http_url(v, value, "http(s)://HOST:PORT or HOST:PORT")
     host, sep, port = v.rpartition(":")
     if not sep or not port.isdigit() or "/" in v:
         raise typer.BadParameter(f"expected HOST:PORT (as RELYSCOPE_API of `relyscope serve`) or a URL, "
@@ -53,14 +46,20 @@ def otlp_endpoint(value: Optional[str]) -> Optional[str]:
     if value is None:
         return None
     v = value.strip()
-    v = v if "://" in v else "http://" + v
+    return _http_url(v if "://" in v else "http://" + v, value, "an OTLP endpoint such as http://127.0.0.1:4317")
+
+
+def _http_url(v: str, given: str, expected: str) -> str:
+    """``v`` if it is an http(s) URL with a host and a valid port, else ``typer.BadParameter``
+    saying what was ``expected`` instead of ``given`` (urlsplit's own ValueError for
+    'http://[::1' — Invalid IPv6 URL — or a port past 65535 included)."""
     try:
         u = urlsplit(v)
         u.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-    except ValueError as e:  # 'http://[::1' (Invalid IPv6 URL)
-        raise typer.BadParameter(f"expected an OTLP endpoint such as http://127.0.0.1:4317, got {value!r} ({e})") from None
+    except ValueError as e:
+        raise typer.BadParameter(f"expected {expected}, got {given!r} ({e})") from None
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise typer.BadParameter(f"expected an OTLP endpoint such as http://127.0.0.1:4317, got {value!r}")
+        raise typer.BadParameter(f"expected {expected}, got {given!r}")
     return v
 
 

@@ -322,7 +322,6 @@ def _report_from_store(dsn: str, n_boot: int, policy_file: Optional[str] = None,
                        window: Optional[str] = None) -> dict:
     import time
 
-
     from relyscope.scoring.rollup import window_start
     from relyscope.scoring.windows import parse_window
     from relyscope.shadow.grading import load_resolved
