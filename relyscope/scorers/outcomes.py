@@ -15,12 +15,22 @@ from typing import Mapping, Sequence
 from relyscope.model import Evaluation, Trial
 from relyscope.scorers.graders import PostedOutcome, resolve_outcome
 
-__all__ = ["apply_outcomes", "rekeyed_posts", "JUDGE_EVALUATION"]
+__all__ = ["apply_outcomes", "orphan_posts", "rekeyed_posts", "JUDGE_EVALUATION"]
 
 JUDGE_EVALUATION = "relyscope.judge"
 
 # posted rows as the store returns them: (outcome, score, source, verifier, posted_ns)
 PostedRows = Mapping[tuple[str, str], Sequence[tuple[str, float | None, str, bool, int]]]
+
+
+def orphan_posts(posted: PostedRows, trials: Sequence[Trial]) -> list[str]:
+    """Trial ids with posted outcomes that name no trial of ``trials`` but a trial id derived in one
+    of their traces (``<trace id>:<span id>``): candidates for :func:`rekeyed_posts` (a re-keyed
+    trial's old id). Pure; cost O(len(posted))."""
+    traces = {t.trace_id for t in trials}
+    live = {t.trial_id for t in trials}
+    return sorted(k for kind, k in posted if kind == "trial" and k not in live and k[:32] in traces
+                  and k[32:33] == ":")
 
 
 def rekeyed_posts(trials: Sequence[Trial], tombstones: Sequence[Trial]) -> dict[str, list[str]]:

@@ -46,7 +46,7 @@ import numpy as np
 
 from relyscope.model import Evaluation, Trial
 from relyscope.scorers.graders import grade_trial
-from relyscope.scorers.outcomes import apply_outcomes, rekeyed_posts
+from relyscope.scorers.outcomes import apply_outcomes, orphan_posts, rekeyed_posts
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.replay_outcome import is_sandbox_miss
 from relyscope.scorers.review import GroupReview, policy_for, trial_facts
@@ -564,10 +564,12 @@ class Rollup:
         prod_ids = sorted({t.shadow_of for t in trials if t.shadow_of})
         prods = self.store.load_trials(trial_ids=prod_ids) if prod_ids else []
         both = [*trials, *prods]
-        # outcomes posted for the ids these trials replaced when they were re-keyed count as theirs
-        rekeyed = rekeyed_posts(trials, self.store.tombstones({t.trace_id for t in trials})) if trials else {}
-        ids = [t.trial_id for t in both] + [old for olds in rekeyed.values() for old in olds]
+        ids = [t.trial_id for t in both]
         posted = self._outcomes_for(ids, {t.trace_id for t in both})
+        # outcomes posted for the ids these trials replaced when they were re-keyed count as theirs
+        # (the tombstones are read only when such a post exists: rare)
+        orphans = orphan_posts(posted, trials)
+        rekeyed = rekeyed_posts(trials, self.store.tombstones(orphans)) if orphans else {}
         judged = self._judgements_for(ids) if self.judge else None
         return resolve_replays(self.store, apply_outcomes(trials, posted, judged, rekeyed), posted, judged,
                                self.policy)
@@ -575,9 +577,12 @@ class Rollup:
     def _outcomes_for(self, trial_ids: list[str], trace_ids: set[str]):
         if not trial_ids and not trace_ids:
             return {}
+        # by trial id, by trace id, and for a trial id derived in one of these traces that no
+        # longer names a trial (a re-keyed one's: :func:`orphan_posts`)
         rows = self.store.query(
             "SELECT key_kind, key, outcome, score, source, verifier, toUnixTimestamp64Nano(posted_at) "
-            "FROM {db}.outcomes WHERE (key_kind = 'trial' AND key IN %(a)s) OR (key_kind = 'trace' AND key IN %(b)s) "
+            "FROM {db}.outcomes WHERE (key_kind = 'trial' AND (key IN %(a)s OR (substring(key, 33, 1) = ':' "
+            "AND substring(key, 1, 32) IN %(b)s))) OR (key_kind = 'trace' AND key IN %(b)s) "
             "ORDER BY posted_at", {"a": sorted(trial_ids) or [""], "b": sorted(trace_ids) or [""]})
         out: dict = {}
         for r in rows:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relyscope.model import Trial
-from relyscope.scorers.outcomes import apply_outcomes, rekeyed_posts
+from relyscope.scorers.outcomes import apply_outcomes, orphan_posts, rekeyed_posts
 from relyscope.scorers.replay_outcome import EQUIVALENCE_SOURCE, apply_replay_outcomes, is_sandbox_miss
 
 __all__ = ["load_resolved", "resolve_replays", "HarnessCheck", "ReplayRecord", "expected_agreement", "harness_check"]
@@ -52,10 +52,10 @@ def load_resolved(store: Any, policy: Any = None, *, judge: bool = False, **filt
     judged = store.judgements() if judge else None
     posted = store.outcomes()
     trials = store.load_trials(**filters)
-    traces = {t.trace_id for t in trials}
     # outcomes posted for ids these trials replaced when re-keyed count as theirs (the tombstones
-    # of these traces; of all, a rare kind of row, when they are many)
-    rekeyed = rekeyed_posts(trials, store.tombstones(traces if len(traces) <= 10_000 else None)) if trials else {}
+    # are read only when such a post exists: rare)
+    orphans = orphan_posts(posted, trials)
+    rekeyed = rekeyed_posts(trials, store.tombstones(orphans)) if orphans else {}
     trials = apply_outcomes(trials, posted, judged, rekeyed)
     return resolve_replays(store, trials, posted, judged, policy)
 

@@ -1073,13 +1073,10 @@ class Store:
             out.setdefault((r[0], r[1]), []).append((r[2], r[3], r[4], bool(r[5]), int(r[6])))
         return out
 
-    def tombstones(self, trace_ids: Iterable[str] | None = None) -> list[Trial]:
-        """The ``superseded`` rows (tombstones of re-keyed trials) of ``trace_ids`` (None: all),
-        with their ids, groups and times (no steps). Raises StoreUnavailable."""
-        where, params = "status = 'superseded'", {}
-        if trace_ids is not None:
-            where += " AND trace_id IN %(t)s"
-            params["t"] = sorted(set(trace_ids)) or [""]
+    def tombstones(self, trial_ids: Iterable[str]) -> list[Trial]:
+        """The ``superseded`` rows (tombstones of re-keyed trials) among ``trial_ids``, with their
+        ids, groups and times (no steps). Raises StoreUnavailable."""
+        where, params = "status = 'superseded' AND trial_id IN %(t)s", {"t": sorted(set(trial_ids)) or [""]}
         rows = self.query("SELECT trial_id, trace_id, root_span_id, task_id, agent, version, run_kind, "
                           "toUnixTimestamp64Nano(start_time), toUnixTimestamp64Nano(end_time) "
                           f"FROM {{db}}.trials FINAL WHERE {where}", params)
