@@ -106,3 +106,37 @@ def test_a_trial_ahead_leaves_the_5m_window(sidecar):
     later = ru.window_stats(G, window_start(now + 420, 300), 300, trajectories=False).task_ids
     assert sorted(inside) == ["far", "hour", "near", "past"]
     assert list(later) == []
+
+
+def test_one_shift_per_trace_and_conversation():
+    """Each trial was shifted on its own to end at 'now': two runs of one trace (and a nested run
+    inside the first) all ended at the same instant — an outcome posted for the nested run went
+    to the second run — and a conversation's three turns came out as turn 1, 3, 2. One shift for
+    every trial linked by a trace or a conversation keeps their order and gaps (breaker round 2)."""
+    import dataclasses
+
+    from live_traffic import make_trial
+    from relyscope.trajectory.clock import place_on_clock
+
+    rng = __import__("random").Random(3)
+    now, day = 2_000_000_000 * 10**9, 86_400 * 10**9
+
+    def t(i, trace, start_s, end_s, conv=None, status="complete"):
+        base = make_trial(rng, i, task="t", end_ns=now + day + int(end_s * 1e9))
+        return dataclasses.replace(base, trace_id=trace, start_ns=now + day + int(start_s * 1e9),
+                                   conversation_id=conv, status=status)
+
+    r1, r2, c1 = t(1, "A", 0, 100), t(2, "A", 200, 250), t(3, "A", 10, 20, status="superseded")
+    turns = [t(4, "B", 0, 30, "conv"), t(5, "C", 40, 50, "conv"), t(6, "D", 60, 80, "conv")]
+    near = t(7, "E", 0, 1)
+    near = dataclasses.replace(near, start_ns=now - 10**9, end_ns=now + 30 * 10**9)  # within 60 s: kept
+    out, n = place_on_clock([r1, r2, c1, *turns, near], now, 60.0)
+    o = {x.trial_id: x for x in out}
+    shift = r2.end_ns - now  # the latest end of trace A lands on now
+    for x in (r1, r2, c1):
+        assert (o[x.trial_id].start_ns, o[x.trial_id].end_ns) == (x.start_ns - shift, x.end_ns - shift)
+    assert o[c1.trial_id].start_ns >= o[r1.trial_id].start_ns and o[c1.trial_id].end_ns <= o[r1.trial_id].end_ns
+    ends = [o[x.trial_id].end_ns for x in turns]
+    assert ends == sorted(ends) and ends[-1] == now and ends[1] - ends[0] == 20 * 10**9
+    assert o[near.trial_id] is near
+    assert n == 5  # r1, r2 and the three turns; the tombstone is shifted but not counted
