@@ -570,3 +570,20 @@ def test_start_by_tasks_replays_one_run_per_task(store):
         assert stage.plan_now(tasks=5)["trials"] == ["a0", "b4", "c5"]  # only three tasks
     finally:
         stage.shutdown()
+
+
+def test_a_rerun_that_never_reached_the_target_does_not_supersede(store):
+    """`shadow start --again` with the target down: every replay of the new experiment ended
+    `error`, yet it superseded the earlier, completed experiment — the gate then had no shadow
+    runs at all ("has no shadow runs; versions with shadow runs: 1.0.0 (28 runs)"). An experiment
+    supersedes only once one of its replays ran or may still run (breaker round 2, #5)."""
+    ledger = ShadowLedger(store)
+    t1, t2, t3 = "a" * 32, "b" * 32, "c" * 32
+    ledger.write_replays([_ledger_row(t1, "completed")])
+    ledger.write_replays([{**_ledger_row(t2, "error"), "replay_id": "r2", "experiment": "e2",
+                           "scheduled_at": 1_700_000_100.0}])
+    assert ledger.replay_traces(["p1"]) == {"p1": {t1}}
+    assert ledger.sandbox_stats("1.0") == (1, 0)
+    ledger.write_replays([{**_ledger_row(t3, "scheduled"), "replay_id": "r3", "experiment": "e3",
+                           "scheduled_at": 1_700_000_200.0}])
+    assert ledger.replay_traces(["p1"]) == {"p1": {t3}}  # a re-run under way supersedes

@@ -262,7 +262,7 @@ def test_since_error_lists_only_versions_within_the_scope(gated):
     assert r.status_code == 404, r.text
     d = r.json()["detail"]
     assert "no shadow replays scheduled since" in d and "replays)" not in d, d
-    assert "no version has replays scheduled since then" in d, d
+    assert "no version has replays that ran, scheduled since then" in d, d
     import datetime as dt
 
     ends = re.findall(r"1\.[01] \(last scheduled ([^)]+)\)", d)

@@ -23,7 +23,7 @@ from relyscope.model import Trial
 from relyscope.scorers.gate import GatePolicy, GateResult, GateSide, HarnessStats, SandboxStats, evaluate_gate
 from relyscope.scorers.review import policy_for, review_group
 from relyscope.shadow.grading import harness_check
-from relyscope.store.shadow import ShadowLedger
+from relyscope.store.shadow import RAN, TARGET_FAILED, ShadowLedger
 
 __all__ = ["UnknownVersion", "gate_side", "run_gate", "harness_stats", "MODES"]
 
@@ -239,17 +239,25 @@ def _known_versions(store: Any, kind: str, since_s: float | None = None) -> str:
 
 def _known_replay_versions(store: Any, since_s: float) -> str:
     """The tail of an UnknownVersion message of a shadow gate scoped by ``since_s``: the versions
-    with replays scheduled since then, and those scheduled before it only, with when the last was."""
-    rows = store.query("SELECT agent, target_version, countIf(scheduled_at >= fromUnixTimestamp64Milli(%(s)s)), "
-                       "toUnixTimestamp64Milli(max(scheduled_at)) FROM {db}.shadow_replays FINAL "
-                       "GROUP BY agent, target_version ORDER BY agent, target_version", {"s": int(since_s * 1000)})
+    with replays that ran (completed, failed, sandbox miss: the ones with a run to gate on)
+    scheduled since then, and those with such replays before it only, with when the last was
+    scheduled; replays that ended error / timeout at the target are counted apart."""
+    rows = store.query("SELECT agent, target_version, countIf(scheduled_at >= fromUnixTimestamp64Milli(%(s)s) "
+                       "AND status IN %(ran)s), countIf(scheduled_at >= fromUnixTimestamp64Milli(%(s)s) AND "
+                       "status IN %(failed)s), toUnixTimestamp64Milli(maxIf(scheduled_at, status IN %(ran)s)), "
+                       "countIf(status IN %(ran)s) FROM {db}.shadow_replays FINAL "
+                       "GROUP BY agent, target_version ORDER BY agent, target_version",
+                       {"s": int(since_s * 1000), "ran": list(RAN), "failed": list(TARGET_FAILED)})
     if not rows:
         return "; no replays are scheduled yet"
-    inside = [f"{a} {v} ({_n(int(n), 'replay')})" for a, v, n, _ in rows if n]
-    before = [f"{a} {v} (last scheduled {_iso(int(last) / 1000)})" for a, v, n, last in rows if not n]
-    out = (f"; versions with replays scheduled since then: {', '.join(inside)}" if inside
-           else "; no version has replays scheduled since then")
-    return out + (f"; with replays scheduled before it only: {', '.join(before)}" if before else "")
+    inside = [f"{a} {v} ({_n(int(n), 'replay')})" for a, v, n, _, _, _ in rows if n]
+    failed = [f"{a} {v} ({_n(int(f), 'replay')})" for a, v, _, f, _, _ in rows if f]
+    before = [f"{a} {v} (last scheduled {_iso(int(last) / 1000)})" for a, v, n, _, last, ever in rows
+              if not n and ever]
+    out = (f"; versions with replays that ran, scheduled since then: {', '.join(inside)}" if inside
+           else "; no version has replays that ran, scheduled since then")
+    out += (f"; ended error / timeout at the target since then: {', '.join(failed)}" if failed else "")
+    return out + (f"; with replays that ran before it only: {', '.join(before)}" if before else "")
 
 
 def _n(n: int, noun: str) -> str:

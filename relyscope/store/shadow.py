@@ -15,12 +15,16 @@ from typing import Any
 
 from relyscope.store.clickhouse import Store
 
-__all__ = ["ShadowLedger", "REPLAY_STATUSES", "FINISHED", "TARGET_FAILED"]
+__all__ = ["ShadowLedger", "REPLAY_STATUSES", "FINISHED", "TARGET_FAILED", "ALIVE", "RAN"]
 
 REPLAY_STATUSES = ("scheduled", "running", "completed", "failed", "sandbox_miss", "error", "timeout", "cancelled")
 FINISHED = ("completed", "failed", "sandbox_miss", "error", "timeout", "cancelled")
 #: finished without the target running the agent: the target (or the way to it) failed
 TARGET_FAILED = ("error", "timeout")
+#: a replay that ran the agent (its run is in the store)
+RAN = ("completed", "failed", "sandbox_miss")
+#: a replay that ran the agent or still may: an experiment with one supersedes earlier ones
+ALIVE = ("scheduled", "running", *RAN)
 
 _REPLAY_COLS = ["replay_id", "experiment", "shadow_of", "task_id", "agent", "prod_version", "target_version",
                 "run_kind", "family", "strength", "seed", "idx", "input", "status", "trace_id", "error",
@@ -170,20 +174,23 @@ class ShadowLedger:
     def replay_traces(self, shadow_of: Iterable[str]) -> dict[str, set[str]]:
         """production trial id → the current trace ids of its replays (one per replay), of the
         latest experiment per target version only (``shadow start --again`` supersedes the
-        earlier replays of a trial: an old and a new replay are never both counted)."""
+        earlier replays of a trial: an old and a new replay are never both counted) — the latest
+        with a replay that ran or may still run (:data:`ALIVE`): a re-run whose every replay
+        ended error / timeout at the target measured nothing, and superseded a good experiment."""
         ids = sorted(set(shadow_of))
         if not ids:
             return {}
-        latest: dict[tuple[str, str], tuple[Any, str]] = {}
-        rows = self.store.query("SELECT shadow_of, target_version, experiment, scheduled_at, trace_id "
+        latest: dict[tuple[str, str], tuple[bool, Any, str]] = {}
+        rows = self.store.query("SELECT shadow_of, target_version, experiment, scheduled_at, trace_id, status "
                                 "FROM {db}.shadow_replays FINAL WHERE shadow_of IN %(ids)s", {"ids": ids})
-        for so, tv, exp, at, _ in rows:
-            key = (so, tv)
-            if key not in latest or (at, exp) > latest[key]:
-                latest[key] = (at, exp)
+        alive = {(so, tv, exp) for so, tv, exp, _, _, st in rows if st in ALIVE}
+        for so, tv, exp, at, _, _ in rows:
+            key, rank = (so, tv), ((so, tv, exp) in alive, at, exp)
+            if key not in latest or rank > latest[key]:
+                latest[key] = rank
         out: dict[str, set[str]] = {so: set() for so, _ in latest}
-        for so, tv, exp, _, tid in rows:
-            if latest[(so, tv)][1] == exp:
+        for so, tv, exp, _, tid, _ in rows:
+            if latest[(so, tv)][2] == exp:
                 out[so].add(tid)
         return out
 
@@ -208,16 +215,18 @@ class ShadowLedger:
         never reached the agent (error, timeout, cancelled) say nothing about the sandbox and are
         not counted."""
         where, params = ["target_version = %(v)s", "status IN %(fin)s"], {"v": target_version,
-                                                                          "fin": ["completed", "failed", "sandbox_miss"]}
+                                                                          "fin": list(RAN)}
         if agent:
             where.append("agent = %(a)s")
             params["a"] = agent
         if since_s is not None:
             where.append("scheduled_at >= fromUnixTimestamp64Milli(%(since)s)")
             params["since"] = int(since_s * 1000)
-        # only the latest experiment of each replayed trial (a re-run with --again supersedes the first)
-        where.append("(shadow_of, experiment) IN (SELECT shadow_of, argMax(experiment, scheduled_at) FROM "
-                     "{db}.shadow_replays FINAL WHERE target_version = %(v)s GROUP BY shadow_of)")
+        # only the latest experiment of each replayed trial (a re-run with --again supersedes the
+        # first), among those with a replay that ran or may (as :meth:`replay_traces`)
+        where.append("(shadow_of, experiment) IN (SELECT shadow_of, argMax(experiment, (status IN %(alive)s, "
+                     "scheduled_at)) FROM {db}.shadow_replays FINAL WHERE target_version = %(v)s GROUP BY shadow_of)")
+        params["alive"] = list(ALIVE)
         r = self.store.query(
             f"SELECT count(), countIf(n_miss > 0 OR status = 'sandbox_miss') FROM {{db}}.shadow_replays FINAL "
             f"WHERE {' AND '.join(where)}", params)[0]
