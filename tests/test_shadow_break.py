@@ -587,3 +587,28 @@ def test_a_rerun_that_never_reached_the_target_does_not_supersede(store):
     ledger.write_replays([{**_ledger_row(t3, "scheduled"), "replay_id": "r3", "experiment": "e3",
                            "scheduled_at": 1_700_000_200.0}])
     assert ledger.replay_traces(["p1"]) == {"p1": {t3}}  # a re-run under way supersedes
+
+
+def test_start_looks_past_the_newest_runs_when_they_cannot_be_replayed(store):
+    """``--last 1`` / ``--tasks 3`` read the 4n newest runs only: four new runs without recorded
+    input hid every older replayable run ("planned 0 replays of 0 trials", exit 0). The pick now
+    reads further back until it has enough (breaker round 2, #2); the reply lists the first 20
+    skipped runs and counts them all."""
+    from relyscope.config import Settings
+    from relyscope.shadow.stage import ShadowStage
+
+    now = time.time_ns()
+    old = [dataclasses.replace(PROD, trial_id=f"old{i}", trace_id=f"{i + 1:032x}", task_id=f"t{i % 3}",
+                               end_ns=now - (100 + i) * 10**9) for i in range(6)]
+    new = [dataclasses.replace(PROD, trial_id=f"new{i}", trace_id=f"{i + 100:032x}", task_id=f"n{i}",
+                               end_ns=now - i * 10**9, task_input=None, steps=()) for i in range(30)]
+    store.insert_trials(old + new)
+    stage = ShadowStage(Settings(shadow_targets={"1.0": "http://127.0.0.1:9/replay"}, shadow_k=1,
+                                 shadow_families=["nominal"]), store, proxy_base_url="http://127.0.0.1:9")
+    try:
+        plan = stage.plan_now(last=1)
+        assert plan["trials"] == ["old0"]
+        assert plan["skipped_total"] == 30 and len(plan["skipped"]) == 20
+        assert stage.plan_now(tasks=3)["trials"] == ["old0", "old1", "old2"]
+    finally:
+        stage.shutdown()

@@ -549,3 +549,24 @@ def test_start_while_paused_says_so_instead_of_waiting_out_the_timeout(tmp_path)
         assert "paused" in out and "relyscope shadow resume" in out, out
         assert took < 20, (took, out)  # did not wait for the 30 s timeout
         assert sc.get("/api/v1/shadow").json()["replays"].get("scheduled", 0) > 0  # planned, kept for resume
+
+
+def test_start_with_nothing_replayable_exits_2_saying_why(tmp_path):
+    """`shadow start --last 1` over production runs none of which recorded its input printed
+    "planned 0 replays of 0 trials" and exited 0, as if it had done something."""
+    sc = start_sidecar(tmp_path, extra_env=_ports_env({"1.0": 9}))
+    try:
+        span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "invoke_agent a",
+                "startTimeUnixNano": str(time.time_ns() - 2 * 10**9), "endTimeUnixNano": str(time.time_ns() - 10**9),
+                "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+                               {"key": "gen_ai.agent.name", "value": {"stringValue": "a"}}]}
+        r = httpx.post(sc.otlp_http + "/v1/traces", json={"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]},
+                       timeout=30)
+        assert r.status_code == 200
+        sc.flush()
+        p = subprocess.run([str(RELYSCOPE_BIN), "shadow", "start", "--last", "1", "--api", sc.api],
+                           capture_output=True, text=True, timeout=120)
+        out = " ".join(p.stderr.split())
+        assert p.returncode == 2 and "nothing to replay" in out and "skipped" in out, out
+    finally:
+        sc.kill()

@@ -184,7 +184,7 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
           api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """Replay production trials now (regardless of the sampling rate). Exit 0 done, 1 the sidecar
     is paused (the replays are scheduled and run after `relyscope shadow resume`), 2 error, --timeout,
-    or no replay ran: every one ended `error` / `timeout` at the targets (the reasons are printed,
+    nothing to replay (no replayable production run), or no replay ran: every one ended `error` / `timeout` at the targets (the reasons are printed,
     as they are, as a warning, when only some did)."""
     m = _cli()
     if sum(bool(x) for x in (trial, last, tasks)) != 1:
@@ -200,11 +200,19 @@ def start(trial: Optional[list[str]] = typer.Option(None, "--trial", help="produ
     plan = r.json()
     for s in plan["skipped"]:
         m.err.print(f"[yellow]skipped {s['trial_id']}: {s['reason']}[/yellow]")
+    more = plan.get("skipped_total", len(plan["skipped"])) - len(plan["skipped"])
+    if more > 0:
+        m.err.print(f"[yellow]… and {_n(more, 'more skipped run')}[/yellow]")
     for n in plan["notes"]:
         m.err.print(f"note: {n}")
     ids = plan["replay_ids"]
     m.err.print(f"planned {_n(len(ids), 'replay')} of {_n(len(plan['trials']), 'trial')}")
     existing = plan.get("existing") or 0
+    if not ids and not existing:
+        m.err.print("[red]nothing to replay: no replayable production run was found (a run is replayable when "
+                    "its task input and tool calls were recorded: README \"Let the agent be replayed\")[/red]",
+                    soft_wrap=True)
+        raise typer.Exit(2)
     if existing:
         m.err.print(f"[yellow]{_n(existing, 'replay')} of these trials already "
                     f"{'exists' if existing == 1 else 'exist'}; use --again to run a new experiment[/yellow]",

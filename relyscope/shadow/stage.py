@@ -32,7 +32,7 @@ from typing import Any
 from relyscope.config import Settings
 from relyscope.model import Trial
 from relyscope.shadow.plan import ReplaySpec, plan_replays
-from relyscope.shadow.proxy import ProxyAnswer, SandboxSession, recorded_calls
+from relyscope.shadow.proxy import ProxyAnswer, SandboxSession, recorded_calls, replayable
 from relyscope.shadow.sampler import SampleDecision, Sampler
 from relyscope.store import Store, StoreUnavailable
 from relyscope.store.shadow import ShadowLedger
@@ -40,6 +40,10 @@ from relyscope.store.shadow import ShadowLedger
 __all__ = ["ShadowStage"]
 
 log = logging.getLogger("relyscope.shadow")
+#: the most production runs a manual plan (``--last`` / ``--tasks``) reads to find replayable ones
+_MAX_CANDIDATES = 100_000
+#: skipped runs a plan's reply lists (``skipped_total`` counts them all)
+_SKIPPED_SHOWN = 20
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per replay request
 
 
@@ -228,12 +232,10 @@ class ShadowStage:
         are not planned again (same ids: idempotent) and are counted in ``existing``; ``again``
         plans a new experiment instead — new replay and experiment ids salted with its start time,
         which supersede the earlier replays of these trials in every score and gate. Returns
-        ``{"replay_ids", "trials", "skipped": [{trial_id, reason}], "notes", "existing",
+        ``{"replay_ids", "trials", "skipped": [{trial_id, reason}] (the first 20; ``skipped_total``), "notes", "existing",
         "again", "scheduled_at"}`` (``scheduled_at``: Unix s of this plan, the ``gate --since``
         that judges only it). Raises ValueError when no target is configured or a trial id is
         unknown."""
-        from relyscope.shadow.proxy import replayable
-
         if not self.settings.shadow_targets:
             raise ValueError("no replay target is configured: set RELYSCOPE_SHADOW_TARGETS "
                              "(agent version → URL of its replay endpoint)")
@@ -242,20 +244,14 @@ class ShadowStage:
             missing = sorted(set(trial_ids) - {t.trial_id for t in trials})
             if missing:
                 raise ValueError(f"unknown trial ids: {missing[:5]}")
-        else:  # a few candidates beyond the count: some may not be replayable
-            n = max(1, int(tasks or last or 1))
-            ids = self.ledger.candidate_trial_ids(0, time.time_ns(), limit=n * 4, newest_first=True,
-                                                  per_task=4 if tasks else None)
-            trials = self.store.load_trials(trial_ids=ids) if ids else []
-            trials.sort(key=lambda t: (-t.end_ns, t.trial_id))
+        n = max(1, int(tasks or last or 1))
+        candidates = trials if trial_ids else self._recent_candidates(n, by_task=bool(tasks))
         chosen, skipped, decisions = [], [], []
         seen_tasks: set[tuple[str, str]] = set()
-        for t in trials:
+        for t in candidates:
             if tasks and (t.agent_name, t.task_id) in seen_tasks:
                 continue  # this task has its run (the most recent replayable one)
-            ok, why = replayable(t)
-            if t.run_kind != "production" or t.shadow_of:
-                ok, why = False, f"run kind {t.run_kind}: only production runs are replayed"
+            ok, why = _manual_replayable(t)
             if not ok:
                 skipped.append({"trial_id": t.trial_id, "reason": why})
                 continue
@@ -273,8 +269,26 @@ class ShadowStage:
         self.counts["decisions"].update(d.decision for d in decisions)
         self._wake.set()
         return {"replay_ids": [sp.replay_id for sp in specs], "trials": [t.trial_id for t in chosen],
-                "skipped": skipped, "notes": notes, "existing": existing, "again": again,
-                "scheduled_at": now}
+                "skipped": skipped[:_SKIPPED_SHOWN], "skipped_total": len(skipped), "notes": notes,
+                "existing": existing, "again": again, "scheduled_at": now}
+
+    def _recent_candidates(self, n: int, *, by_task: bool) -> list[Trial]:
+        """Production trials, newest first, enough for ``n`` replayable ones (of ``n`` distinct
+        tasks when ``by_task``) if the store has them: read in pages widening ×10 from 4n (the
+        newest runs may not be replayable — no recorded input —, and a pick that looked at 4n
+        only found nothing), at most :data:`_MAX_CANDIDATES`. A run stamped up to a day ahead of
+        this clock is a candidate too."""
+        limit = n * 4
+        while True:
+            ids = self.ledger.candidate_trial_ids(0, time.time_ns() + 86_400 * 10**9, limit=limit, newest_first=True,
+                                                  per_task=max(4, limit // n) if by_task else None)
+            page = self.store.load_trials(trial_ids=ids) if ids else []
+            page.sort(key=lambda t: (-t.end_ns, t.trial_id))
+            ok = [t for t in page if _manual_replayable(t)[0]]
+            found = len({(t.agent_name, t.task_id) for t in ok}) if by_task else len(ok)
+            if found >= n or len(ids) < limit or limit >= _MAX_CANDIDATES:
+                return page
+            limit = min(limit * 10, _MAX_CANDIDATES)
 
     def _cancel_superseded(self, specs: list[ReplaySpec]) -> list[str]:
         """Cancel the replays of earlier experiments on the trials of ``specs`` that have not
@@ -568,6 +582,14 @@ class ShadowStage:
 _STALE_MARGIN_S = 30.0
 #: the ``error`` text of a running row: which sidecar runs it
 _RUNNING_ON = "running on "
+
+
+def _manual_replayable(t: Trial) -> tuple[bool, str]:
+    """Whether a manual plan may replay ``t``, and why not: :func:`replayable`, and only
+    production runs (never a replay)."""
+    if t.run_kind != "production" or t.shadow_of:
+        return False, f"run kind {t.run_kind}: only production runs are replayed"
+    return replayable(t)
 
 
 def _runner(row: dict) -> str | None:
