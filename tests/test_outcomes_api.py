@@ -160,3 +160,9 @@ def test_an_outcome_posted_by_trial_id_survives_the_trial_being_rekeyed(sidecar)
     assert (now["outcome"], now["outcome_source"]) == ("failure", "posted:fb")
     g = [g for g in sidecar.report()["groups"] if g["agent"] == agent][0]
     assert g["outcomes"] == {"success": 0, "failure": 1, "unknown": 0}
+    # a post to the old id after the re-key applies to the same trial, and the reply says so (it
+    # answered known: false, trials [] — "a typo in an id shows up so")
+    r = sidecar.post("/api/v1/outcomes", json={"trial_id": first["trial_id"], "success": True, "source": "fb2"})
+    body = r.json()
+    assert body["known"] is True and [t["trial_id"] for t in body["trials"]] == [now["trial_id"]], body
+    assert body["trials"][0]["outcome"] == "success"

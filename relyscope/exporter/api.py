@@ -371,6 +371,18 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
             raise HTTPException(503, str(e)) from e
         return out
 
+    def _heirs(trial_id: str) -> list:
+        """The trial that replaced ``trial_id`` when its trace's real root arrived (its tombstone's
+        heir, :func:`relyscope.scorers.outcomes.rekeyed_posts`), outcome resolved; [] if none."""
+        from relyscope.scorers.outcomes import rekeyed_posts
+
+        tombs = pipeline.store.tombstones([trial_id])
+        if not tombs:
+            return []
+        trials = pipeline.load_trials(trace_ids=[tombs[0].trace_id])
+        heirs = rekeyed_posts(trials, tombs)
+        return [t for t in trials if trial_id in heirs.get(t.trial_id, ())]
+
     @app.post("/api/v1/outcomes", dependencies=[Depends(auth)])
     async def outcomes(body: OutcomeIn) -> dict:
         """Store a (possibly late) outcome and rescore. Reply ``status``: ``recorded`` (it decides
@@ -390,6 +402,8 @@ def create_api_app(pipeline: "Pipeline", *, token: str | None = None) -> FastAPI
             await run_in_threadpool(pipeline.rescore, all_groups=True)
             lookup = {"trial_ids": [key]} if kind == "trial" else {"trace_ids": [key]}
             mine = await run_in_threadpool(pipeline.load_trials, **lookup)
+            if not mine and kind == "trial" and key[32:33] == ":":  # a re-keyed trial's old id?
+                mine = await run_in_threadpool(_heirs, key)
         except StoreUnavailable as e:
             raise HTTPException(503, str(e)) from e
         status, effects = outcome_effect(body.verifier, outcome, mine)
