@@ -586,7 +586,8 @@ def test_detect_conventions_and_version_table():
     ("success", "success"), (" FAILURE ", "failure"), ("unknown", "unknown"),
     (True, "success"), (False, "failure"), ("true", "success"), ("False", "failure"), (1, "success"), (0, "failure"),
     ("pass", "success"), ("Passed", "success"), ("succeeded", "success"), ("fail", "failure"), ("FAILED", "failure"),
-    ("maybe", None), (2, None), (0.5, None), ("", None), (["success"], None),
+    (1.0, "success"), (0.0, "failure"), ("1", "success"), (" 0 ", "failure"),
+    ("maybe", None), (2, None), (0.5, None), (2.0, None), ("", None), (["success"], None),
 ])
 def test_outcome_values_a_verifier_writes(value, outcome):
     """``span.set_attribute("relyscope.outcome", True)`` (a bool, the natural thing to write),

@@ -129,18 +129,21 @@ def as_unit(value: Any) -> float | None:
 
 #: outcome words besides the enum (conventions.md ``relyscope.outcome``: success, failure, unknown)
 _OUTCOME_WORDS: Final = {"success": "success", "failure": "failure", "unknown": "unknown", "pass": "success",
-                         "passed": "success", "succeeded": "success", "fail": "failure", "failed": "failure"}
+                         "passed": "success", "succeeded": "success", "fail": "failure", "failed": "failure",
+                         "1": "success", "0": "failure"}
 
 
 def as_outcome(value: Any) -> str | None:
     """``success`` / ``failure`` / ``unknown`` from ``relyscope.outcome``: the enum (any case), a
-    bool or what :func:`as_bool` reads as one (``true``/``false``, 1/0), or pass(ed) / succeeded /
-    fail(ed); anything else None (not given). A bool is what ``span.set_attribute(…, True)``
+    bool or what :func:`as_bool` reads as one (``true``/``false``, 1/0), 1.0 / 0.0, ``"1"`` / ``"0"``,
+    or pass(ed) / succeeded / fail(ed); anything else None (not given). A bool is what ``span.set_attribute(…, True)``
     writes: it was refused, and the run's outcome stayed unknown."""
     if isinstance(value, str):
         word = _OUTCOME_WORDS.get(value.strip().lower())
         if word is not None:
             return word
+    if isinstance(value, float) and value in (0.0, 1.0):  # a double 1.0 / 0.0, as some SDKs send ints
+        return "success" if value else "failure"
     b = as_bool(value)
     return None if b is None else "success" if b else "failure"
 
