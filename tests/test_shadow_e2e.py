@@ -345,6 +345,10 @@ def test_replay_api_refuses_mistakes(nominal_env):
 
     assert sc.post("/shadow/v1/sessions/x/tool-calls", content=chunks()).status_code == 413
     assert sc.get("/api/v1/shadow/samples", params={"decision": "typo"}).status_code == 422
+    # the CLI said so with a KeyError traceback
+    p = subprocess.run([str(RELYSCOPE_BIN), "shadow", "samples", "--decision", "typo", "--api", sc.api],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "decision must be one of" in p.stderr and "Traceback" not in p.stderr, p.stderr
     # the proxy URL handed to the agent is not derivable from the replay id
     rid = nominal_env["replay_ids"][0]
     assert sc.post(f"/shadow/v1/replays/{rid}/tool-calls", json={"name": "get_order"}).status_code == 404

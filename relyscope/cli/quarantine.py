@@ -33,7 +33,12 @@ def _dir(spool_dir: Optional[str], store: Optional[str]) -> str:
     from relyscope.store import resolve_dsn
 
     s = _settings(spool_dir=spool_dir, store=store)
-    return quarantine_dir(s.spool_dir or default_spool_dir(resolve_dsn(s.store)))
+    spool = s.spool_dir or default_spool_dir(resolve_dsn(s.store))
+    if not os.path.isdir(spool):  # a mistyped path read as an empty quarantine, exit 0
+        _err.print(f"[red]no spool at {spool}[/red]: give the sidecar's --spool-dir / RELYSCOPE_SPOOL_DIR "
+                   "(or its --store, whose spool is beside the data)", soft_wrap=True)
+        raise typer.Exit(2)
+    return quarantine_dir(spool)
 
 
 @quarantine_app.command("list")

@@ -88,9 +88,17 @@ _API = api_option(DEFAULT_API)
 _TOKEN = typer.Option(None, "--token", envvar="RELYSCOPE_AUTH_TOKEN", help="bearer token for the API")
 
 
+def _format(value: str) -> str:
+    """``--format``: table or json (anything else printed the table, exit 0)."""
+    if value not in ("table", "json"):
+        raise typer.BadParameter(f"table or json, not {value!r}")
+    return value
+
+
 @shadow_app.command("list")
 def list_(status: Optional[str] = typer.Option(None, help="only replays with this status"),
-          limit: int = typer.Option(50, min=1, max=10000), format: str = typer.Option("table", "--format"),
+          limit: int = typer.Option(50, min=1, max=10000),
+          format: str = typer.Option("table", "--format", callback=_format, help="table or json"),
           api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """List replays, newest first, with the shadow state above."""
     m = _cli()
@@ -296,6 +304,9 @@ def samples(decision: Optional[str] = typer.Option(None), limit: int = typer.Opt
     """Sample decisions with their reasons (sampled, sampled_out, not_replayable, over_cap, manual)."""
     m = _cli()
     r = _call("GET", api, "/api/v1/shadow/samples", token, ("samples",), params={"limit": limit, **({"decision": decision} if decision else {})})
+    if r.status_code != 200:  # e.g. 422 naming the decisions there are
+        m.err.print(f"[red]{_detail(r)}[/red]")
+        raise typer.Exit(2)
     t = Table(title="sample decisions")
     for c in ("trial", "agent", "version", "task", "decision", "reason"):
         t.add_column(c)
@@ -316,7 +327,7 @@ def gate(baseline: str = typer.Option(..., "--baseline", help="the version in pr
          since: Optional[str] = typer.Option(None, "--since", help="scope of the experiment: only runs and replays "
                                              "since then count (a duration back from now like 2h, an ISO 8601 "
                                              "time or Unix seconds)"),
-         format: str = typer.Option("table", "--format", help="table or json"),
+         format: str = typer.Option("table", "--format", callback=_format, help="table or json"),
          api: str = _API, token: Optional[str] = _TOKEN) -> None:
     """Release gate (metrics.md §10): exit 0 pass, 1 block, 2 error, 3 inconclusive.
 
@@ -375,8 +386,8 @@ def render_gate(res: dict, console) -> None:
     checks = [f"shared tasks {res.get('shared_tasks')}"]
     sb = exp.get("sandbox")
     if sb and sb.get("replays"):
-        checks.append(f"sandbox misses {sb['sandbox_misses']} of {sb['replays']} replays "
-                      f"({sb['miss_rate']:.1%}, max {sb['max']:.0%})")
+        checks.append(f"sandbox misses {sb['sandbox_misses']} of {sb['replays']} replays of the side that missed "
+                      f"most ({sb['miss_rate']:.1%}, max {sb['max']:.0%})")
     hv = exp.get("harness")
     if hv:
         # what the gate compares is the upper bound, not the agreement itself: say which, and the
