@@ -41,7 +41,7 @@ __all__ = ["ShadowStage"]
 
 log = logging.getLogger("relyscope.shadow")
 #: the most production runs a manual plan (``--last`` / ``--tasks``) reads to find replayable ones
-_MAX_CANDIDATES = 100_000
+_MAX_CANDIDATES = 20_000  # whole trials (steps too) are loaded to judge them
 #: skipped runs a plan's reply lists (``skipped_total`` counts them all)
 _SKIPPED_SHOWN = 20
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per replay request
