@@ -510,3 +510,17 @@ def test_repeated_trial_metrics_say_when_trials_per_task_are_short() -> None:
         assert "17 of 21 shared tasks have fewer than 3 nominal trials of known outcome on a side" in x.message
     sr = next((x for x in r.reasons if x.name == "success_rate"), None)
     assert sr is None or "trials per task" not in sr.message  # success_rate uses every trial
+
+
+def test_no_overall_task_estimate_when_more_tasks_cannot_decide() -> None:
+    """The equal candidate of 5 tasks without a safety policy printed "INCONCLUSIVE · needs ≈15
+    more tasks": success_rate wanted min_tasks, but the hard gates were not measured (no safety
+    policy), which no number of tasks decides (fresh user round 2). The per-metric estimate stays."""
+    base, cand = [1, 2, 3, 4, 2], [2, 3, 3, 5, 3]
+    unmeasured = {"severities": None, "critical": None, "committed_forbidden": None}
+    r = evaluate_gate(GateSide(trials_from_counts("b", base), label="b", **unmeasured),
+                      GateSide(trials_from_counts("c", cand), label="c", **unmeasured), GatePolicy())
+    assert r.verdict == "inconclusive"
+    assert any(x.kind == "hard_gate" and x.verdict == "inconclusive" for x in r.reasons), r.reasons
+    assert next(x for x in r.reasons if x.name == "success_rate").needs_more_tasks == 15
+    assert r.needs_more_tasks is None

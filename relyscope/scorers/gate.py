@@ -49,7 +49,8 @@ extra *shared* tasks, ``⌈(n_needed − n) · n_shared / n⌉`` (a metric defin
 shared tasks needs proportionally more of them), and ``None`` when Δ sits exactly on the bound
 (g = 0: no sample size decides it) or the metric was not measured. It assumes the new tasks behave
 like the old ones; it is an order of magnitude, not a power calculation. The result's overall
-``needs_more_tasks`` is the largest per-reason estimate (what would likely decide all of them).
+``needs_more_tasks`` is the largest per-reason estimate (what would likely decide all of them),
+``None`` when an inconclusive reason has none (more tasks would not decide it).
 
 Gateable metrics (keys exactly as metrics.md §11; every one is a function of per-task sums):
 ``success_rate``, ``pass@k`` and ``pass^k`` (k ≥ 1), ``unanimity``, ``C_out``, ``R_fault``,
@@ -938,8 +939,11 @@ def evaluate_gate(
             verdict = r.verdict  # type: ignore[assignment]
     needs = None
     if verdict == "inconclusive":
-        est = [r.needs_more_tasks for r in reasons if r.verdict == "inconclusive" and r.needs_more_tasks is not None]
-        needs = max(est) if est else None
+        # only when more tasks could decide every inconclusive reason: a hard gate not measured (no
+        # safety policy) or a metric not measured (too few trials per task) is not decided by tasks,
+        # and "needs ≈3 more tasks" over such a reason sent people the wrong way
+        est = [r.needs_more_tasks for r in reasons if r.verdict == "inconclusive"]
+        needs = max(est) if est and None not in est else None
     reasons.sort(key=lambda r: -_RANK[r.verdict])  # stable: most severe first, then check order
     return GateResult(
         verdict=verdict,
