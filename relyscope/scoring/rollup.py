@@ -46,11 +46,11 @@ import numpy as np
 
 from relyscope.model import Evaluation, Trial
 from relyscope.scorers.graders import grade_trial
-from relyscope.scorers.outcomes import apply_outcomes, orphan_posts, rekeyed_posts
+from relyscope.scorers.outcomes import apply_outcomes
 from relyscope.scorers.policy import Policy
 from relyscope.scorers.replay_outcome import is_sandbox_miss
 from relyscope.scorers.review import GroupReview, policy_for, trial_facts
-from relyscope.shadow.grading import resolve_replays
+from relyscope.shadow.grading import rekeyed_of, resolve_replays
 from relyscope.scoring.stats import SUM_COLUMNS, Contribution, TaskStats, contribution
 from relyscope.store import Store
 
@@ -566,11 +566,9 @@ class Rollup:
         both = [*trials, *prods]
         ids = [t.trial_id for t in both]
         posted = self._outcomes_for(ids, {t.trace_id for t in both})
-        # outcomes posted for the ids these trials replaced when they were re-keyed count as theirs
-        # (the tombstones are read only when such a post exists: rare)
-        orphans = orphan_posts(posted, trials)
-        rekeyed = rekeyed_posts(trials, self.store.tombstones(orphans)) if orphans else {}
         judged = self._judgements_for(ids) if self.judge else None
+        # outcomes posted for the ids these trials replaced when they were re-keyed count as theirs
+        rekeyed = rekeyed_of(self.store, posted, trials)
         return resolve_replays(self.store, apply_outcomes(trials, posted, judged, rekeyed), posted, judged,
                                self.policy)
 
@@ -663,9 +661,10 @@ class Rollup:
         max_end = max((int(r[nk]) for r in rows), default=0)
         sums = np.array([[int(x) if isinstance(x, int) else float(x) for x in r[nk + 1:]] for r in rows],
                         dtype=object).reshape(len(ids), len(_SUM_NAMES))
-        hist = sorted((idx[key(r)], float(r[nk]), int(r[nk + 1]), int(r[nk + 2])) for r in self.store.query(
+        hist = sorted((i, float(r[nk]), int(r[nk + 1]), int(r[nk + 2])) for r in self.store.query(
             f"SELECT {task}, q, sum(pos), sum(neg) FROM {{db}}.conf_stats WHERE {where} "
-            f"GROUP BY {task}, q HAVING sum(pos) != 0 OR sum(neg) != 0 ORDER BY {task}, q", p) if key(r) in idx)
+            f"GROUP BY {task}, q HAVING sum(pos) != 0 OR sum(neg) != 0 ORDER BY {task}, q", p)
+            if (i := idx.get(key(r))) is not None)
         traj: list[list[tuple[str, ...]]] = [[] for _ in ids]
         if not trajectories:
             return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
@@ -676,8 +675,8 @@ class Rollup:
                 "AND run_kind = %(k)s AND hour >= toDateTime(%(hs)s, 'UTC') AND end_time >= toDateTime64(%(s)s, 9, 'UTC') "
                 + ("AND end_time < toDateTime64(%(u)s, 9, 'UTC') " if until_s is not None else "")
                 + f"AND alive ORDER BY {task}, end_time DESC, trial_id LIMIT %(m)s BY {task}", p):
-            if key(r) in idx:
-                traj[idx[key(r)]].append(tuple(r[nk]))
+            if (i := idx.get(key(r))) is not None:
+                traj[i].append(tuple(r[nk]))
         return TaskStats(ids, sums, hist, traj, max_end_ns=max_end)
 
     def range_stats(self, groups: list[GroupKey], level: int, since_s: int, until_s: int) -> dict[GroupKey, TaskStats]:

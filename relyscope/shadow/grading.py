@@ -16,7 +16,7 @@ from relyscope.model import Trial
 from relyscope.scorers.outcomes import apply_outcomes, orphan_posts, rekeyed_posts
 from relyscope.scorers.replay_outcome import EQUIVALENCE_SOURCE, apply_replay_outcomes, is_sandbox_miss
 
-__all__ = ["load_resolved", "resolve_replays", "HarnessCheck", "ReplayRecord", "expected_agreement", "harness_check"]
+__all__ = ["load_resolved", "rekeyed_of", "resolve_replays", "HarnessCheck", "ReplayRecord", "expected_agreement", "harness_check"]
 
 
 def _policy_side_effects(policy: Any) -> dict[str, str]:
@@ -52,12 +52,17 @@ def load_resolved(store: Any, policy: Any = None, *, judge: bool = False, **filt
     judged = store.judgements() if judge else None
     posted = store.outcomes()
     trials = store.load_trials(**filters)
-    # outcomes posted for ids these trials replaced when re-keyed count as theirs (the tombstones
-    # are read only when such a post exists: rare)
-    orphans = orphan_posts(posted, trials)
-    rekeyed = rekeyed_posts(trials, store.tombstones(orphans)) if orphans else {}
-    trials = apply_outcomes(trials, posted, judged, rekeyed)
+    trials = apply_outcomes(trials, posted, judged, rekeyed_of(store, posted, trials))
     return resolve_replays(store, trials, posted, judged, policy)
+
+
+def rekeyed_of(store: Any, posted: Mapping, trials: Sequence[Trial]) -> dict[str, list[str]]:
+    """:func:`relyscope.scorers.outcomes.rekeyed_posts` of ``trials``: the ids they replaced when
+    re-keyed whose posted outcomes (``posted``) count as theirs. The tombstones are read only when
+    such a post exists (:func:`~relyscope.scorers.outcomes.orphan_posts`: rare), so a caller's
+    cost stays with its trials. Raises StoreUnavailable."""
+    orphans = orphan_posts(posted, trials)
+    return rekeyed_posts(trials, store.tombstones(orphans)) if orphans else {}
 
 
 @dataclass(frozen=True, slots=True)
