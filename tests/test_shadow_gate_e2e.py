@@ -242,7 +242,7 @@ def test_since_scopes_replays_by_when_they_were_scheduled(gated):
     rows = sc.get("/api/v1/shadow/replays", params={"limit": 10000}).json()["replays"]
     scheduled = max(r["scheduled_at"] for r in rows)
     ends = sorted(t["end_ns"] / 1e9 for t in sc.trials(run_kind="shadow"))
-    since = scheduled + 0.001
+    since = scheduled + 0.5  # scheduled_at has ms precision: +1 ms could round back onto it
     assert sum(e >= since for e in ends) > 0  # the runs of some replays ended after it: the old scope
     r = sc.post("/api/v1/gate", json={"baseline": "1.0", "candidate": "1.1", "since": since})
     assert r.status_code == 404 and "no shadow replays scheduled since" in r.json()["detail"], r.text
